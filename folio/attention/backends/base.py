@@ -1,0 +1,37 @@
+"""The interface every attention backend implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from folio.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(ABC):
+    name: str = "base"
+
+    @abstractmethod
+    def write_kv(
+        self,
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+    ) -> None:
+        """Store each token's K and V at its slot in the paged cache."""
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        metadata: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """Causal attention of each new token over its sequence's cached context (itself included).
+
+        Rows past metadata.num_actual_tokens are padding and may hold anything.
+        """

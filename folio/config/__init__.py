@@ -1,0 +1,17 @@
+"""Frozen configuration dataclasses, one per concern, validated once at construction."""
+
+from folio.config.cache import CacheConfig
+from folio.config.device import DeviceConfig, ParallelConfig, resolve_device
+from folio.config.engine import EngineConfig
+from folio.config.model import ModelConfig
+from folio.config.scheduler import SchedulerConfig
+
+__all__ = [
+    "CacheConfig",
+    "DeviceConfig",
+    "EngineConfig",
+    "ModelConfig",
+    "ParallelConfig",
+    "SchedulerConfig",
+    "resolve_device",
+]

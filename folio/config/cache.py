@@ -1,0 +1,38 @@
+"""CacheConfig: how the paged KV cache is laid out and sized."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block, for every layer
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory folio may use in all
+    num_gpu_blocks_override: int | None = None  # exact block count (tests, tuning)
+    cpu_kv_cache_space_gib: float = 4.0  # KV budget when the model runs on the CPU
+    swap_space_gib: float = 4.0  # CPU memory for swapped-out blocks (preemption by swap)
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
+            raise ValueError(f"block_size must be an integer, got {self.block_size!r}.")
+        if self.block_size < 1 or self.block_size > 256 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two in [1, 256], got {self.block_size}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
+            )
+        if self.num_gpu_blocks_override is not None and (
+            not isinstance(self.num_gpu_blocks_override, int) or self.num_gpu_blocks_override < 1
+        ):
+            raise ValueError(
+                "num_gpu_blocks_override must be a positive integer, "
+                f"got {self.num_gpu_blocks_override!r}."
+            )
+        if self.cpu_kv_cache_space_gib <= 0:
+            raise ValueError(
+                f"cpu_kv_cache_space_gib must be positive, got {self.cpu_kv_cache_space_gib}."
+            )
+        if self.swap_space_gib < 0:
+            raise ValueError(f"swap_space must be non-negative, got {self.swap_space_gib}.")

@@ -1,0 +1,23 @@
+"""EngineConfig: all the per-concern configs of one engine, checked against each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from folio.config.cache import CacheConfig
+from folio.config.device import DeviceConfig, ParallelConfig
+from folio.config.model import ModelConfig
+from folio.config.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    device: DeviceConfig
+    parallel: ParallelConfig
+
+    def __post_init__(self) -> None:
+        if self.scheduler.max_model_len != self.model.max_model_len:
+            raise ValueError("scheduler and model disagree on max_model_len.")

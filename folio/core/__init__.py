@@ -1,0 +1,1 @@
+"""Scheduling and KV-block bookkeeping. Pure Python: nothing here imports torch."""

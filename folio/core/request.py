@@ -1,0 +1,92 @@
+"""Request: one sequence being generated, as the scheduler and KV cache manager see it.
+
+A request carries its prompt and output token ids and `num_computed_tokens`, the number of its
+tokens whose K/V are in the cache. Every kind of step (prefill chunk, decode, resume after
+preemption, prefix-cache hit) is just "compute the next few of `all_token_ids`".
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from folio.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2  # waiting again, after its blocks were taken
+    # Everything from here on is finished.
+    FINISHED_STOPPED = 3  # EOS, a stop token or a stop string
+    FINISHED_LENGTH_CAPPED = 4  # max_tokens or max_model_len
+    FINISHED_ABORTED = 5  # the client went away or the caller aborted
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0  # lower runs first under the "priority" policy
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    # Tokens found in the prefix cache when the request was first scheduled.
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    stop_reason: int | str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    # prompt + output, kept as one list so the runner reads it without concatenating.
+    all_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("A request needs at least one prompt token.")
+        self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.sampling_params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token_ids(self, token_ids: list[int]) -> None:
+        self.output_token_ids.extend(token_ids)
+        self.all_token_ids.extend(token_ids)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens})"
+        )

@@ -1,0 +1,51 @@
+"""SchedulerOutput: what one engine step computes — which requests, how many tokens, which blocks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from folio.core.request import Request
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step: tokens [num_computed_tokens, +num_new_tokens) of it."""
+
+    request: Request  # live object; the runner reads all_token_ids and sampling_params
+    num_computed_tokens: int  # tokens whose K/V were cached before this step
+    num_new_tokens: int  # tokens computed in this step (a prefill chunk, or 1 for a decode)
+    block_ids: list[int]  # the request's block table (live list, read-only for the runner)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def end(self) -> int:
+        return self.num_computed_tokens + self.num_new_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the last known token, so a new token is sampled."""
+        return self.end >= self.request.num_tokens
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]  # batch order
+    total_num_scheduled_tokens: int
+    # Requests that finished or were aborted since the last step: the runner drops their state.
+    finished_req_ids: frozenset[str] = frozenset()
+    preempted_req_ids: tuple[str, ...] = ()
+    # Block moves to run before the forward pass: copy-on-write, swap out to and in from the CPU.
+    blocks_to_copy: tuple[tuple[int, int], ...] = ()
+    blocks_to_swap_out: tuple[tuple[int, int], ...] = ()  # (device block, cpu block)
+    blocks_to_swap_in: tuple[tuple[int, int], ...] = ()  # (cpu block, device block)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def num_scheduled_requests(self) -> int:
+        return len(self.scheduled)

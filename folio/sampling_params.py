@@ -1,0 +1,196 @@
+"""SamplingParams: how one request's tokens are chosen, with vLLM's field names and meaning.
+
+Pure Python (no torch) so that `core/` can read it. Every invalid value raises
+`SamplingParamsError` (a `ValueError`) whose `param` names the offending field; the server
+turns that into a 400 whose `param` is the same name.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# Below this temperature sampling is greedy (argmax), as in vLLM.
+GREEDY_EPS = 1e-5
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is invalid; `param` names the field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each RequestOutput carries while a request streams."""
+
+    CUMULATIVE = 0  # everything generated so far
+    DELTA = 1  # only what is new since the last output
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    extra_args: dict[str, Any] | None = None
+    # Filled by the engine, not by users: EOS ids of the model plus stop_token_ids.
+    _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        self.stop = _normalize_stop(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.best_of is None:
+            self.best_of = self.n
+        self._verify()
+        if self.temperature < GREEDY_EPS:
+            # Greedy: the other truncations cannot change an argmax.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        self._all_stop_token_ids = set(self.stop_token_ids)
+
+    # ---- validation -------------------------------------------------------------------------
+    def _verify(self) -> None:
+        _check_int("n", self.n, minimum=1)
+        _check_int("best_of", self.best_of, minimum=self.n, what=f"at least n ({self.n})")
+        _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _check_number("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise SamplingParamsError(
+                "repetition_penalty",
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.",
+            )
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise SamplingParamsError(
+                "temperature", f"temperature must be non-negative, got {self.temperature}."
+            )
+        _check_number("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise SamplingParamsError("top_p", f"top_p must be in (0, 1], got {self.top_p}.")
+        _check_int("top_k", self.top_k, minimum=0, what="-1, 0 (disabled) or a positive integer")
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, minimum=-(2**63))
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, minimum=1)
+        _check_int("min_tokens", self.min_tokens, minimum=0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise SamplingParamsError(
+                "min_tokens",
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                f"got {self.min_tokens}.",
+            )
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, minimum=0)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, minimum=0)
+        for tok in self.stop_token_ids:
+            _check_int("stop_token_ids", tok, minimum=0, what="non-negative token ids")
+        if self.logit_bias is not None:
+            self.logit_bias = _normalize_logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise SamplingParamsError("allowed_token_ids", "allowed_token_ids must not be empty.")
+            for tok in self.allowed_token_ids:
+                _check_int("allowed_token_ids", tok, minimum=0, what="non-negative token ids")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            self.output_kind = RequestOutputKind(self.output_kind)
+
+    # ---- helpers ----------------------------------------------------------------------------
+    @property
+    def sampling_type_greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        return self._all_stop_token_ids
+
+    def update_from_model(self, eos_token_ids: set[int]) -> None:
+        """Record the model's EOS ids: they stop the request unless ignore_eos is set."""
+        self._all_stop_token_ids = set(self.stop_token_ids)
+        if not self.ignore_eos:
+            self._all_stop_token_ids |= set(eos_token_ids)
+
+    def clone(self) -> SamplingParams:
+        return copy.deepcopy(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+
+def _normalize_stop(stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise SamplingParamsError("stop", "stop must be a string or a list of strings.")
+    if any(s == "" for s in stop):
+        raise SamplingParamsError("stop", "stop cannot contain an empty string.")
+    return list(stop)
+
+
+def _normalize_logit_bias(bias: Any) -> dict[int, float]:
+    if not isinstance(bias, dict):
+        raise SamplingParamsError("logit_bias", "logit_bias must map token ids to numbers.")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            tok = int(key)
+        except (TypeError, ValueError):
+            raise SamplingParamsError(
+                "logit_bias", f"logit_bias keys must be token ids, got {key!r}."
+            ) from None
+        if tok < 0:
+            raise SamplingParamsError("logit_bias", f"logit_bias token id {tok} is negative.")
+        _check_range("logit_bias", value, -100.0, 100.0)
+        out[tok] = float(value)
+    return out
+
+
+def _check_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise SamplingParamsError(name, f"{name} must be a number, got {value!r}.")
+
+
+def _check_range(name: str, value: Any, low: float, high: float) -> None:
+    _check_number(name, value)
+    if not low <= value <= high:
+        raise SamplingParamsError(name, f"{name} must be in [{low}, {high}], got {value}.")
+
+
+def _check_int(name: str, value: Any, minimum: int, what: str | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SamplingParamsError(name, f"{name} must be an integer, got {value!r}.")
+    if value < minimum:
+        raise SamplingParamsError(
+            name, f"{name} must be {what or f'at least {minimum}'}, got {value}."
+        )
