@@ -1,0 +1,132 @@
+"""InputProcessor: checks a prompt and its SamplingParams and turns them into core Requests.
+
+Everything a request could be rejected for is checked here, before anything is queued, so a
+bad input raises ValueError and leaves the engine untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from folio.config import ModelConfig
+from folio.core.request import Request
+from folio.sampling_params import SamplingParams, SamplingParamsError
+
+PromptType = str | Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ProcessedPrompt:
+    text: str | None  # None for token prompts
+    token_ids: list[int]
+
+
+class InputProcessor:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        tokenizer: Any,
+        eos_token_ids: set[int],
+        max_logprobs: int,
+    ) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_logprobs = max_logprobs
+        self.vocab_size = model_config.vocab_size
+
+    def process_prompt(self, prompt: PromptType) -> ProcessedPrompt:
+        if isinstance(prompt, str):
+            return ProcessedPrompt(prompt, self._encode(prompt))
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                self._check_token_ids(ids)
+                return ProcessedPrompt(prompt.get("prompt"), list(ids))
+            if isinstance(prompt.get("prompt"), str):
+                return ProcessedPrompt(prompt["prompt"], self._encode(prompt["prompt"]))
+        raise ValueError(
+            "A prompt must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
+            f"got {type(prompt).__name__}."
+        )
+
+    def check_params(self, params: Any, num_prompt_tokens: int) -> SamplingParams:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}.")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise SamplingParamsError(
+                    name, f"{name}={value} is more than max_logprobs={self.max_logprobs}."
+                )
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            for tok in getattr(params, name) or []:
+                self._check_token_id(tok, name)
+        for tok in (params.logit_bias or {}):
+            self._check_token_id(tok, "logit_bias")
+        return params
+
+    def make_requests(
+        self,
+        request_id: str,
+        prompt: ProcessedPrompt,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> list[Request]:
+        """One Request per sample: n > 1 fans out into children `{i}_{request_id}`.
+
+        With a seed, child i samples with seed + i, so samples differ but repeat across runs.
+        """
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        if params.n == 1:
+            return [self._request(request_id, prompt, params, arrival, priority)]
+        children = []
+        for index in range(params.n):
+            child = params.clone()
+            child.n = child.best_of = 1
+            if params.seed is not None:
+                child.seed = params.seed + index
+            children.append(self._request(child_request_id(index, request_id), prompt, child, arrival, priority))
+        return children
+
+    def _request(self, request_id, prompt, params, arrival, priority) -> Request:
+        params.update_from_model(self.eos_token_ids)
+        self.check_length(len(prompt.token_ids))
+        return Request(request_id, list(prompt.token_ids), params, arrival_time=arrival, priority=priority)
+
+    def check_length(self, num_prompt_tokens: int) -> None:
+        if num_prompt_tokens == 0:
+            raise ValueError("The prompt is empty: at least one token is needed.")
+        max_len = self.model_config.max_model_len
+        if num_prompt_tokens > max_len:
+            raise ValueError(
+                f"The prompt is {num_prompt_tokens} tokens long, more than the maximum model "
+                f"length of {max_len}."
+            )
+
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("This engine has no tokenizer: pass {'prompt_token_ids': [...]}.")
+        return list(self.tokenizer.encode(text))
+
+    def _check_token_ids(self, ids: Any) -> None:
+        if not isinstance(ids, (list, tuple)):
+            raise ValueError("prompt_token_ids must be a list of integers.")
+        for tok in ids:
+            self._check_token_id(tok, "prompt_token_ids")
+
+    def _check_token_id(self, tok: Any, field: str) -> None:
+        if isinstance(tok, bool) or not isinstance(tok, int):
+            raise SamplingParamsError(field, f"{field} must hold integers, got {tok!r}.")
+        if not 0 <= tok < self.vocab_size:
+            raise SamplingParamsError(
+                field, f"{field}: token id {tok} is outside the vocabulary [0, {self.vocab_size})."
+            )
+
+
+def child_request_id(index: int, parent_id: str) -> str:
+    return f"{index}_{parent_id}"

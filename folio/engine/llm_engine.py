@@ -1,0 +1,154 @@
+"""LLMEngine: add_request / step / abort over the scheduler, the model runner and the output side.
+
+One step = schedule -> forward + sample -> stop checks -> text and RequestOutputs. The engine is
+synchronous and single-threaded; AsyncLLM drives it from the server's event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from folio.config import EngineConfig
+from folio.core.request import RequestStatus
+from folio.core.scheduler import Scheduler
+from folio.engine.arg_utils import EngineArgs
+from folio.engine.input_processor import InputProcessor, PromptType
+from folio.engine.output_processor import OutputProcessor
+from folio.logger import init_logger
+from folio.outputs import RequestOutput
+from folio.sampling_params import SamplingParams
+from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer
+from folio.worker.model_runner import ModelRunner
+
+logger = init_logger(__name__)
+
+# generation_config.json keys that become SamplingParams defaults, as in vLLM.
+_GENERATION_DEFAULTS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+}
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    num_free_blocks: int
+    kv_cache_usage: float
+    num_preemptions: int
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, max_logprobs: int = 20) -> None:
+        start = time.perf_counter()
+        self.config = config
+        self.tokenizer = get_tokenizer(config.model.tokenizer)
+        self.runner = ModelRunner(config)
+        self.num_blocks = self.runner.determine_num_blocks()
+        self.runner.initialize_kv_cache(self.num_blocks)
+        self.scheduler = Scheduler(config.scheduler, self.num_blocks, config.cache.block_size)
+        eos = eos_token_ids(self.tokenizer, config.model.generation_config)
+        self.input_processor = InputProcessor(config.model, self.tokenizer, eos, max_logprobs)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        logger.info(
+            "Engine ready in %.1f s: %s on %s, dtype %s, max_model_len %d, max_num_seqs %d, "
+            "max_num_batched_tokens %d",
+            time.perf_counter() - start,
+            config.model.architecture,
+            config.device.device,
+            config.model.dtype,
+            config.model.max_model_len,
+            config.scheduler.max_num_seqs,
+            config.scheduler.max_num_batched_tokens,
+        )
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args.create_engine_config(), max_logprobs=args.max_logprobs)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Queue a request; raises ValueError (nothing queued) if anything about it is invalid."""
+        if request_id in self.output_processor.requests:
+            raise ValueError(f"Request id {request_id!r} is already in use.")
+        params = params if params is not None else self.default_sampling_params()
+        processed = self.input_processor.process_prompt(prompt)
+        self.input_processor.check_params(params, len(processed.token_ids))
+        requests = self.input_processor.make_requests(
+            request_id, processed, params, arrival_time, priority
+        )
+        clash = [r.request_id for r in requests if r.request_id in self.output_processor.samples]
+        if clash:
+            raise ValueError(f"Request id {clash[0]!r} is already in use.")
+        self.output_processor.add_request(
+            request_id,
+            processed.text,
+            processed.token_ids,
+            params,
+            [r.request_id for r in requests],
+            [r.sampling_params for r in requests],
+            requests[0].arrival_time,
+        )
+        for request in requests:
+            self.scheduler.add_request(request)
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        core_ids = self.output_processor.abort_requests(ids)
+        self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ABORTED)
+
+    def step(self) -> list[RequestOutput]:
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.runner.execute_model(scheduler_output)
+        core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs, stopped = self.output_processor.process_outputs(core_outputs)
+        if stopped:
+            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.output_processor.requests)
+
+    # ---- information ------------------------------------------------------------------------
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the checkpoint's generation_config.json defaults applied."""
+        gen = self.config.model.generation_config
+        kwargs = {ours: gen[theirs] for theirs, ours in _GENERATION_DEFAULTS.items() if gen.get(theirs) is not None}
+        if isinstance(gen.get("max_new_tokens"), int):
+            kwargs["max_tokens"] = gen["max_new_tokens"]
+        try:
+            return SamplingParams(**kwargs)
+        except ValueError:
+            logger.warning("Ignoring invalid sampling defaults in generation_config.json: %s", kwargs)
+            return SamplingParams()
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler
+        return EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            num_blocks=self.num_blocks,
+            num_free_blocks=s.kv_cache_manager.num_free_blocks,
+            kv_cache_usage=s.kv_usage,
+            num_preemptions=s.num_preemptions,
+        )

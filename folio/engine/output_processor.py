@@ -1,0 +1,262 @@
+"""OutputProcessor: turns per-step core outputs into RequestOutputs.
+
+It owns what the scheduler does not know about: text (incremental detokenization), stop
+strings, log-prob objects, metrics, and the grouping of n > 1 samples under their parent id.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from folio.core.outputs import EngineCoreOutput, PromptLogprobsChunk, TokenLogprobs
+from folio.engine.detokenizer import IncrementalDetokenizer, decode_token
+from folio.engine.stop_checker import find_stop, streamable_length
+from folio.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from folio.sampling_params import RequestOutputKind, SamplingParams
+
+
+@dataclass
+class SampleState:
+    """One generated sequence (one of a request's n samples)."""
+
+    request_id: str  # the core request id (child id when n > 1)
+    index: int
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer | None
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    sent_tokens: int = 0  # for DELTA outputs: what the caller has already seen
+    sent_text: int = 0
+    finish_sent: bool = False
+
+
+@dataclass
+class RequestState:
+    """A user request: its prompt and its n samples."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    output_kind: RequestOutputKind
+    samples: list[SampleState]
+    prompt_logprobs: list[dict[int, Logprob] | None] | None
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.samples)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.requests: dict[str, RequestState] = {}  # by user request id
+        self.samples: dict[str, tuple[RequestState, SampleState]] = {}  # by core request id
+
+    # ---- registration -----------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        core_request_ids: list[str],
+        child_params: list[SamplingParams],
+        arrival_time: float,
+    ) -> None:
+        samples = [
+            SampleState(
+                request_id=core_id,
+                index=i,
+                params=p,
+                detokenizer=self._detokenizer(prompt_token_ids, p),
+                logprobs=[] if p.logprobs is not None else None,
+                cumulative_logprob=0.0 if p.logprobs is not None else None,
+            )
+            for i, (core_id, p) in enumerate(zip(core_request_ids, child_params))
+        ]
+        state = RequestState(
+            request_id=request_id,
+            prompt=prompt,
+            prompt_token_ids=prompt_token_ids,
+            output_kind=params.output_kind,
+            samples=samples,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+            metrics=RequestMetrics(arrival_time=arrival_time),
+        )
+        self.requests[request_id] = state
+        for sample in samples:
+            self.samples[sample.request_id] = (state, sample)
+
+    def _detokenizer(self, prompt_ids: list[int], params: SamplingParams) -> IncrementalDetokenizer | None:
+        if self.tokenizer is None or not params.detokenize:
+            return None
+        return IncrementalDetokenizer(
+            self.tokenizer,
+            prompt_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+        )
+
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Forget user requests; returns the core request ids to abort."""
+        core_ids = []
+        for request_id in request_ids:
+            state = self.requests.pop(request_id, None)
+            if state is None:
+                continue
+            for sample in state.samples:
+                self.samples.pop(sample.request_id, None)
+                core_ids.append(sample.request_id)
+        return core_ids
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def process_outputs(
+        self, core_outputs: list[EngineCoreOutput]
+    ) -> tuple[list[RequestOutput], list[str]]:
+        """RequestOutputs for the requests that changed, and core ids stopped by a stop string."""
+        now = time.monotonic()
+        touched: dict[str, RequestState] = {}
+        stopped_by_string: list[str] = []
+        for out in core_outputs:
+            entry = self.samples.get(out.request_id)
+            if entry is None:
+                continue  # aborted meanwhile
+            state, sample = entry
+            self._update_metrics(state, out, now)
+            if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
+                state.prompt_logprobs.extend(self._prompt_logprobs(out.new_prompt_logprobs))
+            if self._update_sample(sample, out):
+                stopped_by_string.append(out.request_id)
+            touched[state.request_id] = state
+        outputs = []
+        for state in touched.values():
+            output = self._make_output(state)
+            if output is not None:
+                outputs.append(output)
+            if state.finished:
+                state.metrics.finished_time = now
+                self._forget(state)
+        return outputs, stopped_by_string
+
+    def _update_metrics(self, state: RequestState, out: EngineCoreOutput, now: float) -> None:
+        if out.new_token_ids:
+            if state.metrics.first_token_time is None:
+                state.metrics.first_token_time = now
+            state.metrics.last_token_time = now
+        state.num_cached_tokens = max(state.num_cached_tokens, out.num_cached_tokens)
+
+    def _update_sample(self, sample: SampleState, out: EngineCoreOutput) -> bool:
+        """Apply one step to a sample; True if a stop string ended it (core must be told)."""
+        sample.token_ids.extend(out.new_token_ids)
+        if sample.logprobs is not None and out.new_logprobs:
+            for entry in out.new_logprobs:
+                sample.logprobs.append(self._logprob_dict(entry))
+                sample.cumulative_logprob += entry.logprobs[0]
+        stopped = False
+        if sample.detokenizer is not None and out.new_token_ids:
+            new_text = sample.detokenizer.append(out.new_token_ids)
+            sample.text = sample.detokenizer.output_text
+            stop = find_stop(sample.text, len(new_text), sample.params.stop,
+                             sample.params.include_stop_str_in_output)
+            if stop is not None:
+                stop_str, cut = stop
+                sample.text = sample.text[:cut]
+                stopped = out.finish_reason is None
+                sample.finish_reason, sample.stop_reason = "stop", stop_str
+                return stopped
+        if out.finish_reason is not None:
+            sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
+        return stopped
+
+    def _logprob_dict(self, entry: TokenLogprobs) -> dict[int, Logprob]:
+        """The chosen token (with its true rank) plus the top-k (ranks 1..k)."""
+        result: dict[int, Logprob] = {}
+        ranks = [entry.rank] + list(range(1, len(entry.token_ids)))
+        for tok, logprob, rank in zip(entry.token_ids, entry.logprobs, ranks):
+            if tok not in result:
+                result[tok] = Logprob(logprob, rank, self._decode(tok))
+        return result
+
+    def _prompt_logprobs(self, chunk: PromptLogprobsChunk) -> list[dict[int, Logprob]]:
+        return [self._logprob_dict(entry) for entry in chunk.entries]
+
+    def _decode(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        return decode_token(self.tokenizer, token_id)
+
+    # ---- building RequestOutputs ------------------------------------------------------------
+    def _make_output(self, state: RequestState) -> RequestOutput | None:
+        kind = state.output_kind
+        if kind == RequestOutputKind.FINAL_ONLY and not state.finished:
+            return None
+        completions = [self._completion(s, kind) for s in state.samples]
+        if kind == RequestOutputKind.DELTA:
+            completions = [c for c in completions if c is not None]
+        return RequestOutput(
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            prompt_logprobs=state.prompt_logprobs,
+            outputs=completions,
+            finished=state.finished,
+            metrics=state.metrics,
+            num_cached_tokens=state.num_cached_tokens,
+        )
+
+    def _completion(self, sample: SampleState, kind: RequestOutputKind) -> CompletionOutput | None:
+        if kind != RequestOutputKind.DELTA:
+            return CompletionOutput(
+                index=sample.index,
+                text=sample.text,
+                token_ids=list(sample.token_ids),
+                cumulative_logprob=sample.cumulative_logprob,
+                logprobs=sample.logprobs,
+                finish_reason=sample.finish_reason,
+                stop_reason=sample.stop_reason,
+            )
+        return self._delta(sample)
+
+    def _delta(self, sample: SampleState) -> CompletionOutput | None:
+        """What is new since the last output; text that may still become a stop string waits."""
+        if sample.finish_sent:
+            return None
+        finished = sample.finish_reason is not None
+        text_end = len(sample.text)
+        if not finished:
+            text_end = streamable_length(sample.text, sample.params.stop, sample.sent_text)
+        new_tokens = sample.token_ids[sample.sent_tokens :]
+        if not finished and not new_tokens and text_end <= sample.sent_text:
+            return None
+        logprobs = None
+        if sample.logprobs is not None:
+            logprobs = sample.logprobs[sample.sent_tokens :]
+        delta = CompletionOutput(
+            index=sample.index,
+            text=sample.text[sample.sent_text : text_end],
+            token_ids=new_tokens,
+            cumulative_logprob=sample.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=sample.finish_reason,
+            stop_reason=sample.stop_reason,
+        )
+        sample.sent_tokens = len(sample.token_ids)
+        sample.sent_text = max(sample.sent_text, text_end)
+        sample.finish_sent = finished
+        return delta
+
+    def _forget(self, state: RequestState) -> None:
+        self.requests.pop(state.request_id, None)
+        for sample in state.samples:
+            self.samples.pop(sample.request_id, None)

@@ -1,0 +1,200 @@
+"""LLM: the offline API, with vLLM's names, arguments and output objects."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from folio.engine.arg_utils import EngineArgs
+from folio.engine.input_processor import PromptType
+from folio.engine.llm_engine import LLMEngine
+from folio.outputs import RequestOutput
+from folio.sampling_params import RequestOutputKind, SamplingParams
+from folio.transformers_utils.chat_template import render_chat, resolve_chat_template
+
+ChatMessages = list[dict[str, Any]]
+
+
+class LLM:
+    """Generate text offline, batching every prompt through the engine at once.
+
+        llm = LLM(model="path/to/checkpoint")   # or LLM() for the built-in demo model
+        outputs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        gpu_memory_utilization: float = 0.9,
+        num_gpu_blocks_override: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        enforce_eager: bool = False,
+        device: str = "auto",
+        load_format: str = "auto",
+        **kwargs: Any,
+    ) -> None:
+        args = EngineArgs.from_kwargs(
+            model=model,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            block_size=block_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            num_gpu_blocks_override=num_gpu_blocks_override,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enforce_eager=enforce_eager,
+            device=device,
+            load_format=load_format,
+            **kwargs,
+        )
+        self.llm_engine = LLMEngine.from_engine_args(args)
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.get_tokenizer()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self.llm_engine.default_sampling_params()
+
+    # ---- generate ---------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: list[int] | None = None,
+    ) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in input order."""
+        prompt_list = _as_prompt_list(prompts)
+        params_list = self._params_per_prompt(sampling_params, len(prompt_list))
+        if priority is not None and len(priority) != len(prompt_list):
+            raise ValueError(f"priority has {len(priority)} entries for {len(prompt_list)} prompts.")
+        request_ids = self._add_requests(prompt_list, params_list, priority)
+        return self._run_engine(request_ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: ChatMessages | Sequence[ChatMessages],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the checkpoint's chat template, then generate."""
+        conversations = _as_conversation_list(messages)
+        tokenizer = self.get_tokenizer()
+        template = resolve_chat_template(self.llm_engine.config.model.tokenizer, tokenizer, chat_template)
+        prompts = []
+        for conversation in conversations:
+            text = render_chat(
+                template,
+                conversation,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                bos_token=getattr(tokenizer, "bos_token", None),
+                eos_token=getattr(tokenizer, "eos_token", None),
+                **(chat_template_kwargs or {}),
+            )
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    # ---- internals --------------------------------------------------------------------------
+    def _params_per_prompt(
+        self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
+    ) -> list[SamplingParams]:
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * num_prompts
+        else:
+            params = list(sampling_params)
+            if len(params) != num_prompts:
+                raise ValueError(
+                    f"{len(params)} sampling_params for {num_prompts} prompts: pass one, or one per prompt."
+                )
+        out = []
+        for p in params:
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}.")
+            p = p.clone()
+            p.output_kind = RequestOutputKind.FINAL_ONLY  # offline callers only want the end
+            out.append(p)
+        return out
+
+    def _add_requests(
+        self,
+        prompts: list[PromptType],
+        params: list[SamplingParams],
+        priority: list[int] | None,
+    ) -> list[str]:
+        """Add all or none: if any prompt is invalid, the ones already added are withdrawn."""
+        added: list[str] = []
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params)):
+                request_id = str(next(self._request_counter))
+                self.llm_engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0)
+                added.append(request_id)
+        except BaseException:
+            self.llm_engine.abort_request(added)
+            raise
+        return added
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        wanted = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
+        start, prompt_tokens, output_tokens = time.perf_counter(), 0, 0
+        try:
+            while len(finished) < len(wanted) and self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    if output.finished and output.request_id in wanted:
+                        finished[output.request_id] = output
+                        prompt_tokens += len(output.prompt_token_ids)
+                        output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                        bar.update(1)
+                        elapsed = max(time.perf_counter() - start, 1e-9)
+                        bar.set_postfix_str(
+                            f"input {prompt_tokens / elapsed:.0f} tok/s, output {output_tokens / elapsed:.0f} tok/s",
+                            refresh=False,
+                        )
+        except BaseException:
+            self.llm_engine.abort_request([r for r in request_ids if r not in finished])
+            raise
+        finally:
+            bar.close()
+        return [finished[r] for r in request_ids]
+
+
+def _as_prompt_list(prompts: Any) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, Sequence) and not isinstance(prompts, (bytes, bytearray)):
+        if prompts and all(isinstance(p, int) for p in prompts):
+            raise ValueError("Pass token prompts as {'prompt_token_ids': [...]}, not a bare list of ints.")
+        return list(prompts)
+    raise ValueError(f"prompts must be a string, a prompt dict or a list of them, got {type(prompts).__name__}.")
+
+
+def _as_conversation_list(messages: Any) -> list[ChatMessages]:
+    if isinstance(messages, Sequence) and messages and all(isinstance(m, dict) for m in messages):
+        return [list(messages)]
+    if isinstance(messages, Sequence) and messages and all(isinstance(m, (list, tuple)) for m in messages):
+        return [list(m) for m in messages]
+    raise ValueError("messages must be a list of {'role', 'content'} dicts, or a list of such lists.")

@@ -1,0 +1,182 @@
+"""ModelRunner: turns a SchedulerOutput into one forward pass and the sampled tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from folio.attention import get_attention_backend
+from folio.config import EngineConfig
+from folio.core.outputs import ModelRunnerOutput, PromptLogprobsChunk, TokenLogprobs
+from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from folio.logger import init_logger
+from folio.models.loader import load_model
+from folio.sample.metadata import SamplingMetadata, SamplingRow
+from folio.sample.sampler import Sampler, gather_logprobs, make_request_generator
+from folio.worker import kv_cache as kvc
+from folio.worker.step_inputs import PromptLogprobsPlan, StepInputs, build_step_inputs
+
+logger = init_logger(__name__)
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device.device)
+        self.dtype = _TORCH_DTYPES[config.model.dtype]
+        self.block_size = config.cache.block_size
+        self.attn_backend = get_attention_backend(config.model.attention_backend, self.device.type)
+        self.model = load_model(config.model, self.device, self.attn_backend)
+        self.vocab_size = config.model.vocab_size
+        self.sampler = Sampler(config.model.seed, self.device)
+        self.kv_spec = kvc.KVCacheSpec(
+            num_layers=len(self.model.attention_layers()),
+            block_size=self.block_size,
+            num_kv_heads=config.model.num_kv_heads,
+            head_dim=config.model.head_dim,
+            dtype=self.dtype,
+        )
+        self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, dim]
+        # Per-request state that must outlive preemption: seeded generators, prompt-logprob progress.
+        self.generators: dict[str, torch.Generator] = {}
+        self.prompt_logprobs_done: dict[str, int] = {}
+
+    # ---- KV cache ---------------------------------------------------------------------------
+    def determine_num_blocks(self) -> int:
+        override = self.config.cache.num_gpu_blocks_override
+        if override is not None:
+            num_blocks, source = override, "num_gpu_blocks_override"
+        elif self.device.type == "cuda":
+            num_blocks, source = self._profile_gpu_blocks(), "profiled"
+        else:
+            num_blocks = kvc.cpu_num_blocks(self.kv_spec, self.config)
+            source = f"CPU budget {self.config.cache.cpu_kv_cache_space_gib:g} GiB"
+        kvc.check_fits_one_sequence(num_blocks, self.config)
+        kvc.log_kv_cache_decision(num_blocks, self.kv_spec, self.config, source)
+        return num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.kv_cache = kvc.allocate_kv_cache(self.kv_spec, num_blocks, self.device)
+        self.model.bind_kv_caches(list(self.kv_cache.unbind(0)))
+
+    def _profile_gpu_blocks(self) -> int:
+        """Run the largest step the scheduler can issue, then give the rest of the budget to KV."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        self.profile_run()
+        torch.cuda.synchronize()
+        peak_torch = torch.cuda.max_memory_allocated()
+        free, total = torch.cuda.mem_get_info()
+        non_torch = (total - free) - torch.cuda.memory_reserved()
+        budget = total * self.config.cache.gpu_memory_utilization - peak_torch - max(non_torch, 0)
+        torch.cuda.empty_cache()
+        logger.info(
+            "Memory profile: peak %.2f GiB by torch, %.2f GiB outside torch, KV budget %.2f GiB",
+            peak_torch / 2**30,
+            non_torch / 2**30,
+            budget / 2**30,
+        )
+        if budget <= 0:
+            raise ValueError(
+                "No GPU memory is left for the KV cache after the model and its activations; "
+                "raise gpu_memory_utilization or lower max_num_batched_tokens / max_num_seqs."
+            )
+        return kvc.num_blocks_for_budget(self.kv_spec, int(budget), self.config)
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """A forward pass at the step-size maxima through a throwaway cache just big enough."""
+        from folio.worker.dummy_batch import dummy_scheduler_output
+
+        so = dummy_scheduler_output(self.config)
+        blocks_needed = sum(len(s.block_ids) for s in so.scheduled)
+        cache = kvc.allocate_kv_cache(self.kv_spec, blocks_needed, self.device)
+        self.model.bind_kv_caches(list(cache.unbind(0)))
+        try:
+            self.execute_model(so)
+        finally:
+            self.model.bind_kv_caches([None] * self.kv_spec.num_layers)  # type: ignore[list-item]
+            self.generators.clear()
+            self.prompt_logprobs_done.clear()
+            del cache
+
+    # ---- one step ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._forget(scheduler_output.finished_req_ids)
+        scheduled = scheduler_output.scheduled
+        if not scheduled:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        inputs = build_step_inputs(
+            scheduler_output, self.block_size, self.device, self.prompt_logprobs_done
+        )
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
+        output = ModelRunnerOutput(
+            req_ids=[s.request_id for s in scheduled],
+            sampled_token_ids=[[] for _ in scheduled],
+            logprobs=[None for _ in scheduled],
+        )
+        if inputs.sampling_batch_indices:
+            self._sample(hidden, inputs, scheduled, output)
+        for plan in inputs.prompt_logprobs_plans:
+            self._score_prompt(hidden, plan, scheduled[plan.batch_index], output)
+        return output
+
+    def _sample(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden]
+        inputs: StepInputs,
+        scheduled: list[ScheduledRequest],
+        output: ModelRunnerOutput,
+    ) -> None:
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
+        rows = [self._sampling_row(scheduled[i]) for i in inputs.sampling_batch_indices]
+        metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
+        result = self.sampler(logits, metadata)
+        token_ids = result.sampled_token_ids.tolist()  # the one device->host sync of the step
+        lp_ids = lp_values = ranks = None
+        if result.logprobs is not None:
+            lp_ids = result.logprob_token_ids.tolist()
+            lp_values = result.logprobs.tolist()
+            ranks = result.sampled_ranks.tolist()
+        for row, batch_index in enumerate(inputs.sampling_batch_indices):
+            output.sampled_token_ids[batch_index] = [token_ids[row]]
+            num = scheduled[batch_index].request.sampling_params.logprobs
+            if num is not None and lp_ids is not None:
+                output.logprobs[batch_index] = [
+                    TokenLogprobs(lp_ids[row][: num + 1], lp_values[row][: num + 1], ranks[row])
+                ]
+
+    def _score_prompt(
+        self,
+        hidden: torch.Tensor,
+        plan: PromptLogprobsPlan,
+        sched: ScheduledRequest,
+        output: ModelRunnerOutput,
+    ) -> None:
+        rows = torch.tensor(plan.token_rows, device=self.device)
+        logits = self.model.compute_logits(hidden[rows])  # [n, vocab]
+        targets = torch.tensor(plan.target_ids, device=self.device)
+        num = sched.request.sampling_params.prompt_logprobs or 0
+        ids, values, ranks = gather_logprobs(logits, targets, num)
+        ids_l, values_l, ranks_l = ids.tolist(), values.tolist(), ranks.tolist()
+        entries = [TokenLogprobs(ids_l[i], values_l[i], ranks_l[i]) for i in range(len(ids_l))]
+        output.prompt_logprobs[sched.request_id] = PromptLogprobsChunk(plan.start, entries)
+        self.prompt_logprobs_done[sched.request_id] = plan.start + len(entries)
+
+    def _sampling_row(self, sched: ScheduledRequest) -> SamplingRow:
+        request = sched.request
+        params = request.sampling_params
+        generator = None
+        if params.seed is not None and not params.sampling_type_greedy:
+            generator = self.generators.get(request.request_id)
+            if generator is None:
+                generator = make_request_generator(params.seed, self.device)
+                self.generators[request.request_id] = generator
+        return SamplingRow(params, request.prompt_token_ids, request.output_token_ids, generator)
+
+    def _forget(self, request_ids: frozenset[str]) -> None:
+        for request_id in request_ids:
+            self.generators.pop(request_id, None)
+            self.prompt_logprobs_done.pop(request_id, None)
