@@ -1,0 +1,91 @@
+"""Sampler: one step's logits to one token per row, on the logits' device, vLLM v1's order.
+
+1. Log-probs of the raw logits, when some row asked (max over the rows' `logprobs`).
+2. In float32: allowed_token_ids, min_tokens, logit_bias, then penalties.
+3. Greedy rows take the argmax here (all-greedy batches stop here).
+4. Temperature, min_p, top-k, top-p, then a draw by exponential race.
+
+The exponential race: argmax(p / E) with E ~ Exponential(1) i.i.d. picks token i with
+probability p_i (E_i / p_i is Exponential(p_i), and the smallest of independent exponentials
+is i with probability p_i / sum p). It needs one noise value per token and no host round trip,
+and it lets a seeded row draw its noise from its own generator only: its tokens depend on its
+seed and its own logits, never on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from folio.sample.logprobs import compute_logprobs, gather_from_logprobs, gather_logprobs
+from folio.sample.metadata import SamplingMetadata
+from folio.sample.truncation import apply_min_p, apply_top_k_top_p
+
+__all__ = ["Sampler", "SamplerOutput", "gather_logprobs", "make_request_generator"]
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [rows] int64
+    # Sampled token first, then the top max_num_logprobs; None when no row asked for logprobs.
+    logprob_token_ids: torch.Tensor | None  # [rows, max_logprobs + 1] int64
+    logprobs: torch.Tensor | None  # [rows, max_logprobs + 1] float32
+    sampled_ranks: torch.Tensor | None  # [rows] int64, 1 = most likely
+
+
+def make_request_generator(seed: int, device: torch.device) -> torch.Generator:
+    """The generator a seeded request draws all its noise from, for its whole life."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+class Sampler:
+    def __init__(self, seed: int, device: torch.device) -> None:
+        # Noise for every row without its own generator, drawn in one batched call per step.
+        self.generator = make_request_generator(seed, device)
+
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """Sample one token per row of logits [rows, vocab]. The input is left unchanged."""
+        raw_logprobs = None
+        if metadata.max_num_logprobs is not None:
+            raw_logprobs = compute_logprobs(logits)  # [rows, vocab]
+        if metadata.edits_logits:
+            logits = logits.to(torch.float32, copy=True)  # every stage below edits in place
+            if metadata.constraints is not None:
+                metadata.constraints.apply(logits)
+            if metadata.penalties is not None:
+                metadata.penalties.apply(logits)
+        sampled = self._sample(logits, metadata)  # [rows]
+        if raw_logprobs is None:
+            return SamplerOutput(sampled, None, None, None)
+        ids, values, ranks = gather_from_logprobs(raw_logprobs, sampled, metadata.max_num_logprobs)
+        return SamplerOutput(sampled, ids, values, ranks)
+
+    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        if metadata.all_greedy:
+            return logits.argmax(dim=-1)
+        greedy = None if metadata.all_random else logits.argmax(dim=-1)  # [rows]
+        logits = logits.to(torch.float32)
+        if metadata.temperature is not None:
+            logits.div_(metadata.temperature.unsqueeze(1))
+        if metadata.min_p is not None:
+            apply_min_p(logits, metadata.min_p)
+        if metadata.top_k is not None or metadata.top_p is not None:
+            apply_top_k_top_p(logits, metadata.top_k, metadata.top_p, metadata.max_top_k)
+        probs = logits.softmax(dim=-1)  # [rows, vocab]
+        sampled = self._race(probs, metadata.generators)  # [rows]
+        if greedy is None:
+            return sampled
+        return torch.where(metadata.greedy_mask, greedy, sampled)
+
+    def _race(self, probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+        """argmax(probs / Exponential(1) noise) per row; edits probs [rows, vocab] in place."""
+        noise = torch.empty_like(probs)  # [rows, vocab]
+        if len(generators) < probs.shape[0]:
+            noise.exponential_(generator=self.generator)
+        # The only per-row loop: each seeded row overwrites its noise from its own generator.
+        for row, generator in generators.items():
+            noise[row].exponential_(generator=generator)
+        # A zero draw would turn a zero-probability token into 0/0 = NaN, which argmax picks.
+        noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+        return probs.div_(noise).argmax(dim=-1)
