@@ -1,0 +1,140 @@
+"""The Sampler end to end: greedy, seeds, batch independence, the drawn distribution."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from folio.sample import Sampler
+from folio.sampling_params import SamplingParams
+from tests.sample.rows import CPU, make_row, sample
+
+VOCAB = 40
+
+
+def _logits(rows: int, seed: int) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 2.0
+
+
+def test_greedy_equals_argmax():
+    logits = _logits(7, 0)
+    out = sample([make_row(temperature=0.0)] * 7, logits)
+    assert torch.equal(out.sampled_token_ids, logits.argmax(dim=-1))
+    assert out.sampled_token_ids.dtype == torch.int64
+    assert out.logprobs is None and out.logprob_token_ids is None and out.sampled_ranks is None
+
+
+def test_greedy_rows_in_a_mixed_batch_take_the_argmax():
+    logits = _logits(6, 1)
+    rows = [make_row(temperature=0.0 if r % 2 else 1.5, top_p=0.9) for r in range(6)]
+    out = sample(rows, logits).sampled_token_ids
+    assert torch.equal(out[1::2], logits[1::2].argmax(dim=-1))
+
+
+def test_input_logits_are_left_unchanged():
+    logits = _logits(3, 2)
+    before = logits.clone()
+    rows = [
+        make_row(temperature=0.5, top_k=3, logit_bias={1: 5.0}),
+        make_row(temperature=0.0, repetition_penalty=1.3, prompt=[1, 2]),
+        make_row(min_p=0.1, allowed_token_ids=[1, 2, 3]),
+    ]
+    sample(rows, logits)
+    assert torch.equal(logits, before)
+
+
+# ---- seeds ------------------------------------------------------------------------------------
+
+SEEDED = [
+    dict(temperature=0.9, top_k=8, seed=1234),  # top-k alone: the no-sort path when alone
+    dict(temperature=1.0, min_p=0.02, repetition_penalty=1.2, seed=-7),
+    dict(temperature=0.7, top_p=0.9, frequency_penalty=0.5, seed=2**40),
+]
+OTHERS = [
+    dict(temperature=0.0),
+    dict(temperature=1.3, top_p=0.8),
+    dict(temperature=0.6, seed=99),
+    dict(temperature=1.0, presence_penalty=1.0, logit_bias={3: 2.0}),
+    dict(temperature=0.8, min_p=0.1, top_k=3, allowed_token_ids=list(range(20))),
+]
+
+
+def _run_seeded(fields: dict, steps: int, others_for_step, sampler_seed: int) -> list[int]:
+    """Decode `steps` tokens of one seeded request, whose row sits among other rows each step."""
+    params = SamplingParams(**fields)
+    seeded = make_row(params, prompt=[1, 2, 3])
+    sampler = Sampler(sampler_seed, CPU)
+    tokens: list[int] = []
+    for step in range(steps):
+        seeded.output_token_ids = list(tokens)
+        others = others_for_step(step)
+        position = step % (len(others) + 1)
+        rows = others[:position] + [seeded] + others[position:]
+        logits = _logits(len(rows), 1000 + step)
+        logits[position] = _logits(1, step)[0]  # the seeded row's logits depend on step only
+        out = sample(rows, logits, sampler)
+        tokens.append(out.sampled_token_ids[position].item())
+    return tokens
+
+
+@pytest.mark.parametrize("fields", SEEDED)
+def test_seeded_row_ignores_the_rest_of_the_batch(fields):
+    steps = 12
+    alone = _run_seeded(fields, steps, lambda step: [], sampler_seed=0)
+    rng = random.Random(5)
+
+    def crowd(step: int) -> list:
+        chosen = rng.sample(OTHERS, rng.randint(1, len(OTHERS)))
+        return [make_row(**f, prompt=[4], output=[step % VOCAB]) for f in chosen]
+
+    crowded = _run_seeded(fields, steps, crowd, sampler_seed=321)
+    assert crowded == alone
+    assert len(set(alone)) > 1  # the draw is random, not a constant
+    other_seed = _run_seeded({**fields, "seed": fields["seed"] + 1}, steps, lambda s: [], 0)
+    assert other_seed != alone
+
+
+def test_unseeded_sampling_repeats_with_the_same_sampler_seed():
+    logits = _logits(8, 3)
+    rows = [make_row(temperature=1.0, top_p=0.95) for _ in range(8)]
+    runs = []
+    for sampler_seed in (11, 11, 12):
+        sampler = Sampler(sampler_seed, CPU)
+        runs.append([sample(rows, logits, sampler).sampled_token_ids.tolist() for _ in range(3)])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def _chi_square(counts: list[int], probs: list[float]) -> float:
+    total = sum(counts)
+    return sum((c - total * p) ** 2 / (total * p) for c, p in zip(counts, probs))
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_draws_follow_softmax_of_logits_over_temperature(temperature, seeded):
+    base = torch.tensor([1.0, 0.5, 0.0, -0.5, -1.0])
+    expected = torch.softmax(base.double() / temperature, dim=0).tolist()
+    draws = 4000
+    rows = [
+        make_row(temperature=temperature, seed=i if seeded else None) for i in range(draws)
+    ]
+    tokens = sample(rows, base.expand(draws, -1)).sampled_token_ids.tolist()
+    counts = [tokens.count(t) for t in range(5)]
+    # 4 degrees of freedom: P(chi2 > 25) < 1e-4, while a wrong temperature (0.5 vs 1, say)
+    # gives hundreds.
+    assert _chi_square(counts, expected) < 25.0, counts
+    if temperature != 1.0:
+        plain = torch.softmax(base.double(), dim=0).tolist()
+        assert _chi_square(counts, plain) > 100.0
+
+
+def test_zero_probability_tokens_are_never_drawn():
+    logits = torch.full((2000, VOCAB), -math.inf)
+    logits[:, 5] = 0.0
+    logits[:, 9] = -40.0  # probability ~4e-18: never in 2000 draws
+    out = sample([make_row(temperature=1.0)] * 2000, logits).sampled_token_ids
+    assert set(out.tolist()) == {5}
