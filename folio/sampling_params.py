@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -64,7 +65,11 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         self.stop = _normalize_stop(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop_token_ids = _normalize_token_list("stop_token_ids", self.stop_token_ids)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _normalize_token_list(
+                "allowed_token_ids", self.allowed_token_ids
+            )
         if self.top_k == -1:
             self.top_k = 0
         if self.best_of is None:
@@ -98,7 +103,10 @@ class SamplingParams:
         _check_int("top_k", self.top_k, minimum=0, what="-1, 0 (disabled) or a positive integer")
         _check_range("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None:
+            # What torch.Generator.manual_seed accepts; beyond it the engine would fail mid-step.
             _check_int("seed", self.seed, minimum=-(2**63))
+            if self.seed >= 2**64:
+                raise SamplingParamsError("seed", f"seed must be less than 2**64, got {self.seed}.")
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, minimum=1)
         _check_int("min_tokens", self.min_tokens, minimum=0)
@@ -158,6 +166,15 @@ def _normalize_stop(stop: Any) -> list[str]:
     return list(stop)
 
 
+def _normalize_token_list(name: str, ids: Any) -> list[int]:
+    """A list of token ids; None means empty. Each id is checked by the caller's _verify."""
+    if ids is None:
+        return []
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, set, frozenset)):
+        raise SamplingParamsError(name, f"{name} must be a list of token ids, got {ids!r}.")
+    return list(ids)
+
+
 def _normalize_logit_bias(bias: Any) -> dict[int, float]:
     if not isinstance(bias, dict):
         raise SamplingParamsError("logit_bias", "logit_bias must map token ids to numbers.")
@@ -177,8 +194,10 @@ def _normalize_logit_bias(bias: Any) -> dict[int, float]:
 
 
 def _check_number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise SamplingParamsError(name, f"{name} must be a number, got {value!r}.")
+    # NaN and infinities are refused: on the device they turn whole rows of logits into NaN.
+    bad_type = isinstance(value, bool) or not isinstance(value, (int, float))
+    if bad_type or (isinstance(value, float) and not math.isfinite(value)):
+        raise SamplingParamsError(name, f"{name} must be a finite number, got {value!r}.")
 
 
 def _check_range(name: str, value: Any, low: float, high: float) -> None:
