@@ -29,6 +29,9 @@ def test_tokenizer() -> PreTrainedTokenizerFast:
     return build_tokenizer(1000)
 
 
+test_tokenizer.__test__ = False  # a helper, not a test, when imported into a test module
+
+
 def save_test_tokenizer(path: str) -> None:
     """Write the test tokenizer's files (tokenizer.json, tokenizer_config.json, chat_template.jinja)."""
     save_tokenizer(test_tokenizer(), path)
