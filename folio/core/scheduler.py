@@ -1,0 +1,331 @@
+"""Scheduler: continuous batching over a token budget, with chunked prefill and preemption.
+
+There is no prefill phase and no decode phase. Each request has `num_computed_tokens`, the
+number of its tokens (prompt + outputs) whose K/V are in the cache; a step gives each scheduled
+request its next tokens of `all_token_ids`, within `max_num_batched_tokens` for the whole step.
+A prompt chunk, a decode token and the recompute of a resumed request are all that same move.
+
+One step, as the engine drives it:
+    out = scheduler.schedule()                       # who runs, how many tokens, which blocks
+    runner_out = runner.execute_model(out)           # forward + sample
+    core_outs = scheduler.update_from_output(out, runner_out)   # append tokens, stop checks
+
+Invariants between calls:
+- a request is in exactly one of: `waiting` (status WAITING or PREEMPTED), `running` (RUNNING),
+  or nowhere (finished; forgotten here, its id reported once in finished_req_ids);
+- a running request's block table covers its num_computed_tokens; waiting requests hold none;
+- `running` is in admission order, so under FCFS its tail is the newest request.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from folio.config.scheduler import SchedulerConfig
+from folio.core.kv_cache_manager import KVCacheManager
+from folio.core.outputs import EngineCoreOutput, ModelRunnerOutput
+from folio.core.request import Request, RequestStatus
+from folio.core.request_queue import make_request_queue, priority_key
+from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+
+def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
+    """Whether the request's last output token ends it, and why (sets request.stop_reason).
+
+    Order matters: a stop token wins over a length cap reached by the same token. Stop tokens
+    count only from min_tokens outputs on (the sampler also masks them before that).
+    """
+    params = request.sampling_params
+    last = request.output_token_ids[-1]
+    if last in params.all_stop_token_ids and request.num_output_tokens >= params.min_tokens:
+        # stop_reason names an explicit stop token; EOS is reported as None, like vLLM.
+        request.stop_reason = last if last in params.stop_token_ids else None
+        return RequestStatus.FINISHED_STOPPED
+    if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
+    if request.num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
+    return None
+
+
+@dataclass
+class _Step:
+    """The SchedulerOutput under construction, with the budget it has left."""
+
+    budget: int
+    scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)  # batch order
+    preempted: list[str] = field(default_factory=list)
+
+    def add(self, request: Request, num_new_tokens: int, block_ids: list[int]) -> None:
+        self.scheduled[request.request_id] = ScheduledRequest(
+            request, request.num_computed_tokens, num_new_tokens, block_ids
+        )
+        # From here on num_computed_tokens counts the K/V that will be cached after this step.
+        request.num_computed_tokens += num_new_tokens
+        self.budget -= num_new_tokens
+
+    def unschedule(self, request: Request) -> None:
+        """Take back a request scheduled earlier in this step, and its share of the budget."""
+        sched = self.scheduled.pop(request.request_id, None)
+        if sched is not None:
+            request.num_computed_tokens = sched.num_computed_tokens
+            self.budget += sched.num_new_tokens
+
+    def build(self, finished_req_ids: frozenset[str]) -> SchedulerOutput:
+        scheduled = list(self.scheduled.values())
+        return SchedulerOutput(
+            scheduled=scheduled,
+            total_num_scheduled_tokens=sum(s.num_new_tokens for s in scheduled),
+            finished_req_ids=finished_req_ids,
+            preempted_req_ids=tuple(self.preempted),
+        )
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, num_blocks: int, block_size: int) -> None:
+        max_len = scheduler_config.max_model_len
+        if num_blocks * block_size < max_len:
+            # Otherwise a request near max_model_len could preempt itself forever.
+            raise ValueError(
+                f"{num_blocks} KV blocks of {block_size} tokens cannot hold one request of "
+                f"max_model_len={max_len}."
+            )
+        if scheduler_config.preemption_mode == "swap":
+            raise ValueError("preemption_mode='swap' is not supported yet; use 'recompute'.")
+        self.config = scheduler_config
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size)
+        self.waiting = make_request_queue(scheduler_config.policy)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # unfinished requests, by id
+        self.num_preemptions = 0  # since start, for stats
+        self._finished_since_schedule: set[str] = set()
+
+    # ---- requests in and out ----------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"Request id {request.request_id!r} is already in use.")
+        if request.num_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"Request {request.request_id!r} has {request.num_tokens} tokens, more than "
+                f"max_model_len={self.config.max_model_len}."
+            )
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
+        """Finish requests from outside (abort, stop string); unknown or finished ids are ignored."""
+        if not status.is_finished:
+            raise ValueError(f"{status.name} is not a finished status.")
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None:
+                self._finish(request, status)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self._finished_since_schedule.add(request.request_id)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        step = _Step(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        # A step that had to preempt is short of blocks: admitting newcomers would only
+        # preempt again next step, so they wait.
+        if not step.preempted:
+            self._schedule_waiting(step)
+        finished = frozenset(self._finished_since_schedule)
+        self._finished_since_schedule.clear()
+        return step.build(finished)
+
+    def _schedule_running(self, step: _Step) -> None:
+        """Give running requests their next tokens, oldest first, preempting when blocks run out.
+
+        During the loop `self.running` holds the requests already visited (kept running, in
+        order) and `pending` the ones not visited yet, so admission order is preserved.
+        """
+        pending = deque(self.running)
+        self.running = []
+        while pending and step.budget > 0:
+            request = pending.popleft()
+            num_new = self._num_new_tokens(request, step.budget)
+            if num_new == 0:  # its sampled token has not come back yet: nothing to compute
+                self.running.append(request)
+                continue
+            if self._allocate_or_preempt(request, num_new, step, pending):
+                self.running.append(request)
+                block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+                step.add(request, num_new, block_ids)
+            # else: the request was its own victim and is back in the waiting queue.
+        self.running.extend(pending)
+
+    def _allocate_or_preempt(
+        self, request: Request, num_new: int, step: _Step, pending: deque[Request]
+    ) -> bool:
+        """Allocate the request's blocks, preempting victims until they fit.
+
+        False when the request itself had to be preempted.
+        """
+        while not self.kv_cache_manager.allocate_slots(request, num_new):
+            victim = self._pop_victim(request, pending)
+            self._preempt(victim, step)
+            if victim is request:
+                return False
+        return True
+
+    def _pop_victim(self, request: Request, pending: deque[Request]) -> Request:
+        """Take the running request to preempt so that `request` can grow, out of its list.
+
+        FCFS: the newest running request (it has the least work to redo and the weakest
+        claim). Priority: the largest (priority, arrival_time), the newest on ties.
+        """
+        if self.config.policy == "fcfs":
+            # Visited requests are older than `request`, pending ones newer.
+            return pending.pop() if pending else request
+        candidates = [*self.running, request, *pending]  # admission order
+        victim = max(reversed(candidates), key=priority_key)
+        if victim in pending:
+            pending.remove(victim)
+        elif victim is not request:
+            self.running.remove(victim)
+        return victim
+
+    def _schedule_waiting(self, step: _Step) -> None:
+        """Admit waiting requests in queue order while budget, max_num_seqs and blocks allow.
+
+        Head of line: the first request that cannot be admitted stops admission, so smaller
+        requests behind it never starve it. Without chunked prefill a request is admitted only
+        with all its tokens. Under the priority policy a newcomer that ranks strictly before a
+        running request may preempt it for blocks (see _allocate_for_newcomer); admission
+        then stops after that newcomer, since memory is short.
+        """
+        while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.peek()
+            num_new = self._num_new_tokens(request, step.budget)
+            remaining = request.num_tokens - request.num_computed_tokens
+            if num_new == 0 or (num_new < remaining and not self.config.enable_chunked_prefill):
+                break
+            num_preempted = len(step.preempted)
+            if not self._allocate_for_newcomer(request, num_new, step):
+                break
+            admitted = self.waiting.pop()
+            assert admitted is request  # victims rank strictly after it, so it is still first
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            step.add(request, num_new, self.kv_cache_manager.get_block_ids(request.request_id))
+            if len(step.preempted) > num_preempted:
+                break
+
+    def _allocate_for_newcomer(self, request: Request, num_new: int, step: _Step) -> bool:
+        """Allocate a waiting request's blocks; under the priority policy, preempt running
+        requests that rank strictly after it (worst first) until they fit. Strictness means
+        two requests can never take blocks from each other in turn."""
+        while not self.kv_cache_manager.allocate_slots(request, num_new):
+            if self.config.policy != "priority" or not self.running:
+                return False
+            victim = max(reversed(self.running), key=priority_key)
+            if priority_key(victim) <= priority_key(request):
+                return False
+            self.running.remove(victim)
+            self._preempt(victim, step)
+        return True
+
+    def _preempt(self, victim: Request, step: _Step) -> None:
+        """Preempt by recompute: drop the victim's K/V; when it runs again it recomputes its
+        prompt and outputs (all_token_ids) and continues, so its output is unchanged.
+        (Swap, a later mode, will move its blocks to the CPU pool here instead.)"""
+        step.unschedule(victim)
+        self.kv_cache_manager.free(victim)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(victim)
+        step.preempted.append(victim.request_id)
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        # No separate max_model_len cap is needed: add_request refuses longer requests and
+        # check_stop finishes a request once it reaches max_model_len tokens, so
+        # num_computed_tokens + remaining never exceeds it.
+        remaining = request.num_tokens - request.num_computed_tokens
+        return max(0, min(remaining, budget))
+
+    # ---- results ----------------------------------------------------------------------------
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Append sampled tokens, apply stop checks, free finished requests.
+
+        One EngineCoreOutput per request that got tokens or prompt log-probs or finished.
+        """
+        scheduled = scheduler_output.scheduled
+        if runner_output.req_ids != [s.request_id for s in scheduled]:
+            raise ValueError("ModelRunnerOutput does not match the SchedulerOutput it answers.")
+        logprobs = runner_output.logprobs or [None] * len(scheduled)
+        outputs = []
+        for sched, token_ids, token_logprobs in zip(
+            scheduled, runner_output.sampled_token_ids, logprobs
+        ):
+            request = sched.request
+            if request.is_finished:  # aborted after schedule(): its results are dropped
+                continue
+            new_token_ids, status = self._append_tokens(request, token_ids)
+            prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
+            if status is not None:
+                self._finish(request, status)
+            if new_token_ids or prompt_logprobs is not None or status is not None:
+                if token_logprobs is not None:
+                    token_logprobs = token_logprobs[: len(new_token_ids)]
+                outputs.append(
+                    EngineCoreOutput(
+                        request_id=request.request_id,
+                        new_token_ids=new_token_ids,
+                        new_logprobs=token_logprobs,
+                        new_prompt_logprobs=prompt_logprobs,
+                        finish_reason=request.status.finish_reason,
+                        stop_reason=request.stop_reason,
+                        num_cached_tokens=request.num_cached_tokens,
+                    )
+                )
+        return outputs
+
+    def _append_tokens(
+        self, request: Request, token_ids: list[int]
+    ) -> tuple[list[int], RequestStatus | None]:
+        """Append tokens one by one; tokens after one that stops the request are dropped."""
+        for i, token_id in enumerate(token_ids):
+            request.append_output_token_ids([token_id])
+            status = check_stop(request, self.config.max_model_len)
+            if status is not None:
+                return list(token_ids[: i + 1]), status
+        return list(token_ids), None
+
+    # ---- state ------------------------------------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_request(self, request_id: str) -> Request | None:
+        """The unfinished request with this id, or None."""
+        return self.requests.get(request_id)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_cache_manager.usage
