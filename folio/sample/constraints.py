@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from folio.sample.transfer import to_device
+
 if TYPE_CHECKING:
     from folio.sample.metadata import SamplingRow
 
@@ -53,7 +55,7 @@ class TokenConstraints:
             rows = self.allowed.rows
             logits[rows] = logits[rows].masked_fill(self.allowed.banned, float("-inf"))
         if self.stop_bans is not None:
-            logits.index_put_(self.stop_bans, torch.tensor(float("-inf"), device=logits.device))
+            logits.index_put_(self.stop_bans, logits.new_full((), float("-inf")))
         if self.bias is not None:
             rows, token_ids, values = self.bias
             # accumulate: a (row, token) pair appears once, but accumulate keeps index_put exact
@@ -75,7 +77,7 @@ def _build_allowed(
         token_ids.extend(ids)
     banned = torch.ones(len(batch_rows), vocab_size, dtype=torch.bool, device=device)  # [a, vocab]
     index = (_long(local_rows, device), _long(token_ids, device))
-    banned.index_put_(index, torch.tensor(False, device=device))
+    banned.index_put_(index, banned.new_zeros(()))
     return AllowedTokens(_long(batch_rows, device), banned)
 
 
@@ -112,9 +114,9 @@ def _build_bias(
         values.extend(bias.values())
     if not token_ids:
         return None
-    value_tensor = torch.tensor(values, dtype=torch.float32, device=device)
+    value_tensor = to_device(values, torch.float32, device)
     return _long(bias_rows, device), _long(token_ids, device), value_tensor
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
+    return to_device(values, torch.int64, device)

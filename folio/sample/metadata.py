@@ -13,6 +13,7 @@ import torch
 
 from folio.sample.constraints import TokenConstraints
 from folio.sample.penalties import PenaltyTensors
+from folio.sample.transfer import to_device
 from folio.sampling_params import SamplingParams
 
 
@@ -96,27 +97,23 @@ class SamplingMetadata:
     ) -> None:
         params = [r.params for r in rows]
         if not self.all_random:
-            self.greedy_mask = torch.tensor(greedy, dtype=torch.bool, device=device)
+            self.greedy_mask = to_device(greedy, torch.bool, device)
         # Greedy rows divide by 1 and keep their (neutral) truncations: their random draw is
         # thrown away, and neutral values keep them from turning a row into -inf / NaN.
         temperature = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         if any(t != 1.0 for t in temperature):
-            self.temperature = _floats(temperature, device)
+            self.temperature = to_device(temperature, torch.float32, device)
         min_p = [p.min_p for p in params]
         if any(m > 0.0 for m in min_p):
-            self.min_p = _floats(min_p, device)
+            self.min_p = to_device(min_p, torch.float32, device)
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         in_use = [k for k in top_k if k < vocab_size]
         if in_use:
-            self.top_k = torch.tensor(top_k, dtype=torch.int64, device=device)
+            self.top_k = to_device(top_k, torch.int64, device)
             self.max_top_k = max(in_use)
         top_p = [p.top_p for p in params]
         if any(v < 1.0 for v in top_p):
-            self.top_p = _floats(top_p, device)
+            self.top_p = to_device(top_p, torch.float32, device)
         self.generators = {
             i: r.generator for i, r in enumerate(rows) if r.generator is not None and not greedy[i]
         }
-
-
-def _floats(values: list[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device)

@@ -13,12 +13,13 @@ the memory scale with the users of the feature.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
+from folio.sample.transfer import flat_token_ids, to_device
 
 if TYPE_CHECKING:
     from folio.sample.metadata import SamplingRow
@@ -87,12 +88,11 @@ def _token_counts(
     token_lists: list[list[int]], vocab_size: int, device: torch.device
 ) -> torch.Tensor:
     """[len(token_lists), vocab] float32: how often each token id occurs in each list."""
-    flat_list = list(itertools.chain.from_iterable(token_lists))
-    flat = _long(flat_list, device)  # [total]
+    flat = flat_token_ids(token_lists, device)  # [total]
     lengths = _long([len(t) for t in token_lists], device)  # [lists]
     # output_size is known on the host: without it repeat_interleave waits for the device.
     rows = torch.arange(len(token_lists), device=device)
-    row_of = torch.repeat_interleave(rows, lengths, output_size=len(flat_list))  # [total]
+    row_of = torch.repeat_interleave(rows, lengths, output_size=flat.numel())  # [total]
     counts = torch.zeros(len(token_lists), vocab_size, dtype=torch.float32, device=device)
     counts.index_put_((row_of, flat), torch.ones_like(flat, dtype=torch.float32), accumulate=True)
     return counts
@@ -101,8 +101,8 @@ def _token_counts(
 def _column(values: list[float], neutral: float, device: torch.device) -> torch.Tensor | None:
     if all(v == neutral for v in values):
         return None
-    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)  # [p, 1]
+    return to_device(values, torch.float32, device).unsqueeze(1)  # [p, 1]
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
+    return to_device(values, torch.int64, device)
