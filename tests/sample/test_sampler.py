@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from folio.sample import Sampler
-from folio.sampling_params import SamplingParams
-from tests.sample.rows import CPU, make_row, sample
+from tests.sample.rows import CPU, decode_seeded, make_row, sample, step_logits
 
 VOCAB = 40
 
 
 def _logits(rows: int, seed: int) -> torch.Tensor:
-    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 2.0
+    return step_logits(rows, VOCAB, seed)
 
 
 def test_greedy_equals_argmax():
@@ -62,38 +61,21 @@ OTHERS = [
 ]
 
 
-def _run_seeded(fields: dict, steps: int, others_for_step, sampler_seed: int) -> list[int]:
-    """Decode `steps` tokens of one seeded request, whose row sits among other rows each step."""
-    params = SamplingParams(**fields)
-    seeded = make_row(params, prompt=[1, 2, 3])
-    sampler = Sampler(sampler_seed, CPU)
-    tokens: list[int] = []
-    for step in range(steps):
-        seeded.output_token_ids = list(tokens)
-        others = others_for_step(step)
-        position = step % (len(others) + 1)
-        rows = others[:position] + [seeded] + others[position:]
-        logits = _logits(len(rows), 1000 + step)
-        logits[position] = _logits(1, step)[0]  # the seeded row's logits depend on step only
-        out = sample(rows, logits, sampler)
-        tokens.append(out.sampled_token_ids[position].item())
-    return tokens
-
-
 @pytest.mark.parametrize("fields", SEEDED)
 def test_seeded_row_ignores_the_rest_of_the_batch(fields):
     steps = 12
-    alone = _run_seeded(fields, steps, lambda step: [], sampler_seed=0)
+    alone = decode_seeded(fields, steps, lambda step: [], sampler_seed=0, vocab=VOCAB)
     rng = random.Random(5)
 
     def crowd(step: int) -> list:
         chosen = rng.sample(OTHERS, rng.randint(1, len(OTHERS)))
         return [make_row(**f, prompt=[4], output=[step % VOCAB]) for f in chosen]
 
-    crowded = _run_seeded(fields, steps, crowd, sampler_seed=321)
+    crowded = decode_seeded(fields, steps, crowd, sampler_seed=321, vocab=VOCAB)
     assert crowded == alone
     assert len(set(alone)) > 1  # the draw is random, not a constant
-    other_seed = _run_seeded({**fields, "seed": fields["seed"] + 1}, steps, lambda s: [], 0)
+    reseeded = {**fields, "seed": fields["seed"] + 1}
+    other_seed = decode_seeded(reseeded, steps, lambda step: [], sampler_seed=0, vocab=VOCAB)
     assert other_seed != alone
 
 

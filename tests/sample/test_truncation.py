@@ -69,7 +69,10 @@ def test_mixed_batch_keeps_the_expected_sets(seed):
     min_ps = [rng.choice([0.0, 0.0, 0.05, 0.2]) for _ in range(rows)]
     # Well separated logits (steps of 0.37 + noise): no ties, no knife edges.
     logits = torch.tensor(
-        [[rng.uniform(-0.1, 0.1) + 0.37 * rng.randrange(20) for _ in range(VOCAB)] for _ in range(rows)]
+        [
+            [rng.uniform(-0.1, 0.1) + 0.37 * rng.randrange(20) for _ in range(VOCAB)]
+            for _ in range(rows)
+        ]
     )
     out = _apply(logits, ks, ps, min_ps)
     for r in range(rows):
