@@ -186,8 +186,9 @@ class Scheduler:
     def _pop_victim(self, request: Request, pending: deque[Request]) -> Request:
         """Take the running request to preempt so that `request` can grow, out of its list.
 
-        FCFS: the newest running request (it has the least work to redo and the weakest
-        claim). Priority: the largest (priority, arrival_time), the newest on ties.
+        FCFS: the most recently admitted running request, as in vLLM (the last to join has
+        the weakest claim). Priority: the largest (priority, arrival_time), the most recently
+        admitted on ties.
         """
         if self.config.policy == "fcfs":
             # Visited requests are older than `request`, pending ones newer.
