@@ -1,1 +1,1 @@
-
+"""Model building blocks: linear, norm, rotary, activation, embedding and attention layers."""

@@ -1,0 +1,73 @@
+"""Attention layer: stores this step's K/V in the paged cache, then attends through it.
+
+The layer holds no state about a batch: the AttentionMetadata of the step is passed in.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from folio.attention.backends.base import AttentionBackend
+from folio.attention.backends.torch_ref import prefill_attention_no_cache
+from folio.attention.metadata import AttentionMetadata
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention with grouped K/V heads over a paged KV cache.
+
+    kv_cache is this layer's view [2, num_blocks, block_size, num_kv_heads, head_dim], bound by
+    CausalLM.bind_kv_caches; while it is None (the memory-profiling pass, a batch of whole
+    prompts) attention runs within each prompt and nothing is stored.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        scale: float,
+        num_kv_heads: int,
+        backend: AttentionBackend,
+        sliding_window: int | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})."
+            )
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        self.backend = backend
+        self.sliding_window = sliding_window
+        self.kv_cache: torch.Tensor | None = None
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [tokens, num_heads * head_dim]
+        key: torch.Tensor,  # [tokens, num_kv_heads * head_dim]
+        value: torch.Tensor,  # [tokens, num_kv_heads * head_dim]
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [tokens, num_heads * head_dim]
+        tokens = query.shape[0]
+        q = query.view(tokens, self.num_heads, self.head_dim)
+        k = key.view(tokens, self.num_kv_heads, self.head_dim)
+        v = value.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.kv_cache is None:
+            out = prefill_attention_no_cache(
+                q, k, v, attn_metadata.query_start_loc_cpu, self.scale, self.sliding_window
+            )
+        else:
+            self.backend.write_kv(k, v, self.kv_cache, attn_metadata.slot_mapping)
+            out = self.backend.forward(
+                q, self.kv_cache, attn_metadata, self.scale, self.sliding_window
+            )
+        return out.reshape(tokens, self.num_heads * self.head_dim)
+
+    def extra_repr(self) -> str:
+        return (
+            f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"scale={self.scale:.4g}, sliding_window={self.sliding_window}, "
+            f"backend={self.backend.name}"
+        )
