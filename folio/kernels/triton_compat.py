@@ -1,0 +1,156 @@
+"""The one place folio imports Triton, and the rules for when a kernel may run.
+
+- Triton is optional: CPU installs need not have it. Without it `triton.jit` still decorates
+  (so kernel files import and their torch references work) but launching raises a clear error.
+- Without a CUDA device Triton can only run through its interpreter, which is decided when a
+  kernel is decorated. So when no CUDA device is present we turn the interpreter on here, before
+  any kernel file is imported, unless the user chose otherwise (TRITON_INTERPRET set already).
+- `FOLIO_TRITON_KERNELS=0` switches every Triton kernel off: the dispatchers then take the torch
+  reference even on CUDA tensors (the plain path, for bisecting a numerical difference).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # a CPU-only install: references only
+    HAS_TRITON = False
+
+    class _Missing:
+        """Stands in for triton / triton.language so kernel files still import."""
+
+        def __getattr__(self, name: str) -> Any:
+            return None
+
+        @staticmethod
+        def jit(fn=None, **_kwargs):
+            if fn is None:
+                return lambda f: _MissingKernel(f)
+            return _MissingKernel(fn)
+
+    class _MissingKernel:
+        def __init__(self, fn) -> None:
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            raise RuntimeError(
+                f"Triton kernel {self.fn.__name__} needs the triton package, which is not "
+                "installed; use the torch reference path (a CPU device) instead."
+            )
+
+    triton = _Missing()  # type: ignore[assignment]
+    tl = _Missing()  # type: ignore[assignment]
+
+USE_TRITON = HAS_TRITON and os.environ.get("FOLIO_TRITON_KERNELS", "1") != "0"
+
+
+def _fix_interpreter_scalar_index() -> None:
+    """Triton 3.6's interpreter turns scalars into ints with int(array of shape (1,)), which
+    numpy >= 2.4 refuses, so `range(start, end)` over loaded values fails there (upstream issue
+    triton-lang/triton#9171, fixed by PR #9172 after 3.6). Re-patch __index__ to squeeze first."""
+    import numpy as np
+
+    try:
+        int(np.zeros(1))
+        return  # older numpy: nothing to fix
+    except TypeError:
+        pass
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_folio_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._folio_fixed = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+def _fix_interpreter_bf16_dot() -> None:
+    """The interpreter keeps bfloat16 as uint16 bit patterns and its tl.dot multiplies those bits
+    (triton-lang/triton#11584; upstream: bf16 arithmetic is unsupported in the interpreter). Our
+    kernels upcast before every elementwise op, so only tl.dot sees bf16: convert its operands to
+    float32 first, which is exact and what the tensor cores compute with a float32 accumulator."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder_cls = interpreter.InterpreterBuilder
+    original = builder_cls.create_dot
+    if getattr(original, "_folio_fixed", False):
+        return
+
+    def upcast(h):
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        data = interpreter._convert_float(h.data, tl.bfloat16, tl.float32, None).view(np.float32)
+        return interpreter.TensorHandle(data.reshape(h.data.shape), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, upcast(a), upcast(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot._folio_fixed = True  # type: ignore[attr-defined]
+    builder_cls.create_dot = create_dot
+
+
+if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1":
+    _fix_interpreter_scalar_index()
+    _fix_interpreter_bf16_dot()
+
+
+def use_triton_for(x: torch.Tensor) -> bool:
+    """Whether the dispatchers send this tensor to a Triton kernel (CUDA only; never the interpreter)."""
+    return USE_TRITON and x.is_cuda
+
+
+def is_interpreted(kernel: Any) -> bool:
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def check_same_device(kernel: Any, **tensors: torch.Tensor) -> torch.device:
+    """All tensors on one device, and that device one the kernel can run on."""
+    devices = {name: t.device for name, t in tensors.items()}
+    first = next(iter(devices.values()))
+    if any(d != first for d in devices.values()):
+        raise ValueError(f"{kernel_name(kernel)}: tensors are on different devices: {devices}")
+    if not HAS_TRITON:
+        raise RuntimeError(f"{kernel_name(kernel)}: the triton package is not installed.")
+    if first.type == "cpu" and not is_interpreted(kernel):
+        raise ValueError(
+            f"{kernel_name(kernel)}: CPU tensors run only through Triton's interpreter; set "
+            "TRITON_INTERPRET=1 before folio.kernels is imported, or use the torch reference."
+        )
+    if first.type not in ("cpu", "cuda"):
+        raise ValueError(f"{kernel_name(kernel)}: unsupported device {first}.")
+    return first
+
+
+def check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:
+    if t.dtype not in allowed:
+        raise ValueError(f"{name} must have dtype in {allowed}, got {t.dtype}.")
+
+
+def kernel_name(kernel: Any) -> str:
+    fn = getattr(kernel, "fn", None)
+    return getattr(fn, "__name__", None) or getattr(kernel, "__name__", "kernel")
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
