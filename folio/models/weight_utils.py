@@ -99,7 +99,11 @@ def _read_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 def _read_pt(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     # weights_only: a .bin is a pickle, and only tensors may come out of it.
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:
+        # Files written before torch 1.6 are not zip archives and cannot be memory-mapped.
+        state = torch.load(path, map_location="cpu", weights_only=True)
     yield from state.items()
     del state
 
