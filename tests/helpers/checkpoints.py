@@ -101,10 +101,11 @@ def make_tiny_checkpoint(
     return str(path)
 
 
-def convert_to_pytorch_bin(path: str | os.PathLike) -> None:
+def convert_to_pytorch_bin(path: str | os.PathLike, legacy: bool = False) -> None:
     """Replace a folder's safetensors with one pytorch_model.bin of the same tensors.
 
-    transformers 5 can no longer write .bin files, yet older hub checkpoints ship only those.
+    transformers 5 can no longer write .bin files, yet older hub checkpoints ship only those;
+    legacy=True writes the pre-zip format of torch < 1.6, which cannot be memory-mapped.
     """
     from safetensors.torch import load_file
 
@@ -116,4 +117,5 @@ def convert_to_pytorch_bin(path: str | os.PathLike) -> None:
             os.remove(os.path.join(folder, name))
         elif name == "model.safetensors.index.json":
             os.remove(os.path.join(folder, name))
-    torch.save(state, os.path.join(folder, "pytorch_model.bin"))
+    target = os.path.join(folder, "pytorch_model.bin")
+    torch.save(state, target, _use_new_zipfile_serialization=not legacy)

@@ -52,11 +52,12 @@ def test_bf16_checkpoint_loads_into_float32(tmp_path):
     torch.testing.assert_close(_logits(model), hf_logits(path, [PROMPT])[0], atol=1e-4, rtol=0)
 
 
-def test_pytorch_bin_checkpoint_matches_safetensors(tmp_path):
+@pytest.mark.parametrize("legacy", [False, True])
+def test_pytorch_bin_checkpoint_matches_safetensors(tmp_path, legacy):
     st = make_tiny_checkpoint("opt", tmp_path / "st")
     pt = str(tmp_path / "pt")
     shutil.copytree(st, pt)
-    convert_to_pytorch_bin(pt)
+    convert_to_pytorch_bin(pt, legacy=legacy)
     assert not any(name.endswith(".safetensors") for name in os.listdir(pt))
     assert torch.equal(_logits(load_folio(pt)), _logits(load_folio(st)))
     with pytest.raises(ValueError, match="safetensors"):
