@@ -1,0 +1,106 @@
+"""The split-KV decode kernel: equal to the reference with and without splits, padding untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from folio.attention.backends.torch_ref import paged_attention_reference
+from folio.kernels.paged_decode import MAX_SPLITS, choose_num_splits, paged_decode
+from tests.kernels.paged_batch import assert_close, make_paged_batch
+
+# Contexts from 1 token to several splits' worth; one padding sequence (query_len 0, seq_len 0).
+SEQ_LENS = [1, 37, 0, 150, 64, 96]
+
+
+def _decode_batch(device, seq_lens=SEQ_LENS, num_heads=6, num_kv_heads=2, head_dim=40,
+                  block_size=8, dtype=torch.float32, seed=0):
+    q_lens = [1 if s > 0 else 0 for s in seq_lens]
+    return make_paged_batch(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size,
+                            dtype=dtype, device=device, pad_tokens=2, seed=seed)
+
+
+def _decode(batch, num_splits, sliding_window=None, scale=0.3, min_split_tokens=16):
+    md = batch.metadata
+    out = torch.full_like(batch.query, float("nan"))
+    paged_decode(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables,
+                 md.num_seqs, scale, sliding_window, num_splits=num_splits,
+                 min_split_tokens=min_split_tokens, out=out)
+    return out
+
+
+@pytest.mark.parametrize("num_splits", [1, 4, 8])
+@pytest.mark.parametrize("window", [None, 20])
+def test_splits_match_reference(device, num_splits, window):
+    batch = _decode_batch(device)
+    out = _decode(batch, num_splits, window)
+    expected = paged_attention_reference(batch.query, batch.kv_cache, batch.metadata, 0.3, window)
+    real, pad = batch.real_rows.to(device), batch.padding_rows.to(device)
+    assert_close(out[real], expected[real], torch.float32)
+    assert out[pad].isnan().all(), "padding sequences and rows past the batch stay untouched"
+
+
+def test_split_on_and_off_agree(device):
+    # More splits launched than a short sequence uses: surplus programs must exit cleanly and
+    # the merge must ignore them (the CUDA-graph case: splits fixed by batch size, not length).
+    batch = _decode_batch(device, seq_lens=[3, 200, 17, 64], num_heads=4, num_kv_heads=1,
+                          head_dim=20, block_size=16, seed=5)
+    real = batch.real_rows.to(device)
+    one = _decode(batch, 1)[real]
+    many = _decode(batch, 16, min_split_tokens=32)[real]
+    torch.testing.assert_close(one, many, atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, head_dim, block_size",
+    [(4, 4, 16, 1), (4, 1, 20, 32), (12, 4, 32, 2)],  # MHA, MQA, GQA 3
+)
+def test_head_layouts(device, num_heads, num_kv_heads, head_dim, block_size):
+    batch = _decode_batch(device, [5, 70, 33], num_heads, num_kv_heads, head_dim, block_size, seed=2)
+    out = _decode(batch, 2)
+    expected = paged_attention_reference(batch.query, batch.kv_cache, batch.metadata, 0.3)
+    real = batch.real_rows.to(device)
+    assert_close(out[real], expected[real], torch.float32)
+
+
+def test_bfloat16(device):
+    batch = _decode_batch(device, dtype=torch.bfloat16, seed=9)
+    out = _decode(batch, 4, scale=40**-0.5)
+    expected = paged_attention_reference(batch.query, batch.kv_cache, batch.metadata, 40**-0.5)
+    real = batch.real_rows.to(device)
+    assert_close(out[real], expected[real], torch.bfloat16)
+
+
+def test_rejects_bad_split_counts(device):
+    batch = _decode_batch(device, [4])
+    md = batch.metadata
+    for bad in (0, 3, 2 * MAX_SPLITS):
+        with pytest.raises(ValueError, match="num_splits"):
+            paged_decode(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens,
+                         md.block_tables, 1, 1.0, num_splits=bad)
+
+
+def test_split_heuristic():
+    sms = 132
+    assert choose_num_splits(256, 8, sms) == 1  # W1 at full batch: 2048 programs, no split
+    assert choose_num_splits(33, 8, sms) == 1  # 264 programs already fill two per SM
+    for seqs in (1, 2, 5, 16, 32):
+        splits = choose_num_splits(seqs, 8, sms)
+        assert splits & (splits - 1) == 0 and 1 < splits <= MAX_SPLITS
+        assert seqs * 8 * splits >= 2 * sms or splits == MAX_SPLITS
+        assert seqs * 8 * splits // 2 < 2 * sms  # the smallest power of two that fills the SMs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_seqs", [4, 256])
+def test_full_size_qwen3_decode(num_seqs):
+    gen = torch.Generator().manual_seed(num_seqs)
+    seq_lens = torch.randint(100, 2048, (num_seqs,), generator=gen).tolist()
+    batch = make_paged_batch([1] * num_seqs, seq_lens, 16, 8, 128, 16, dtype=torch.bfloat16,
+                             device="cuda", pad_tokens=3)
+    expected = paged_attention_reference(batch.query, batch.kv_cache, batch.metadata, 128**-0.5)
+    real = batch.real_rows.cuda()
+    splits = choose_num_splits(num_seqs, 8, torch.cuda.get_device_properties(0).multi_processor_count)
+    for num_splits in {1, splits}:
+        out = _decode(batch, num_splits, scale=128**-0.5, min_split_tokens=256)
+        assert_close(out[real], expected[real], torch.bfloat16)
