@@ -158,30 +158,32 @@ class Scheduler:
         self.running = []
         while pending and step.budget > 0:
             request = pending.popleft()
-            num_new = self._num_new_tokens(request, step.budget)
-            if num_new == 0:  # its sampled token has not come back yet: nothing to compute
+            if self._num_new_tokens(request, step.budget) == 0:
+                # Its sampled token has not come back yet: nothing to compute.
                 self.running.append(request)
                 continue
-            if self._allocate_or_preempt(request, num_new, step, pending):
+            num_new = self._allocate_or_preempt(request, step, pending)
+            if num_new > 0:
                 self.running.append(request)
                 block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
                 step.add(request, num_new, block_ids)
             # else: the request was its own victim and is back in the waiting queue.
         self.running.extend(pending)
 
-    def _allocate_or_preempt(
-        self, request: Request, num_new: int, step: _Step, pending: deque[Request]
-    ) -> bool:
-        """Allocate the request's blocks, preempting victims until they fit.
+    def _allocate_or_preempt(self, request: Request, step: _Step, pending: deque[Request]) -> int:
+        """Allocate blocks for the request's next tokens, preempting victims until they fit.
 
-        False when the request itself had to be preempted.
+        Returns how many tokens it gets, 0 when it had to be preempted itself. The count is
+        taken again after each preemption: a victim scheduled earlier gives its budget back.
         """
-        while not self.kv_cache_manager.allocate_slots(request, num_new):
+        while True:
+            num_new = self._num_new_tokens(request, step.budget)
+            if self.kv_cache_manager.allocate_slots(request, num_new):
+                return num_new
             victim = self._pop_victim(request, pending)
             self._preempt(victim, step)
             if victim is request:
-                return False
-        return True
+                return 0
 
     def _pop_victim(self, request: Request, pending: deque[Request]) -> Request:
         """Take the running request to preempt so that `request` can grow, out of its list.
@@ -212,12 +214,9 @@ class Scheduler:
         """
         while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
-            num_new = self._num_new_tokens(request, step.budget)
-            remaining = request.num_tokens - request.num_computed_tokens
-            if num_new == 0 or (num_new < remaining and not self.config.enable_chunked_prefill):
-                break
             num_preempted = len(step.preempted)
-            if not self._allocate_for_newcomer(request, num_new, step):
+            num_new = self._allocate_for_newcomer(request, step)
+            if num_new == 0:
                 break
             admitted = self.waiting.pop()
             assert admitted is request  # victims rank strictly after it, so it is still first
@@ -227,19 +226,31 @@ class Scheduler:
             if len(step.preempted) > num_preempted:
                 break
 
-    def _allocate_for_newcomer(self, request: Request, num_new: int, step: _Step) -> bool:
-        """Allocate a waiting request's blocks; under the priority policy, preempt running
-        requests that rank strictly after it (worst first) until they fit. Strictness means
-        two requests can never take blocks from each other in turn."""
-        while not self.kv_cache_manager.allocate_slots(request, num_new):
-            if self.config.policy != "priority" or not self.running:
-                return False
-            victim = max(reversed(self.running), key=priority_key)
-            if priority_key(victim) <= priority_key(request):
-                return False
+    def _allocate_for_newcomer(self, request: Request, step: _Step) -> int:
+        """Allocate blocks for a waiting request's first tokens; how many it gets, 0 to wait.
+
+        Under the priority policy it may preempt running requests that rank strictly after it,
+        worst first, until its blocks fit. Strictness means two requests can never take
+        blocks from each other in turn.
+        """
+        while True:
+            num_new = self._num_new_tokens(request, step.budget)
+            remaining = request.num_tokens - request.num_computed_tokens
+            if num_new == 0 or (num_new < remaining and not self.config.enable_chunked_prefill):
+                return 0
+            if self.kv_cache_manager.allocate_slots(request, num_new):
+                return num_new
+            victim = self._newcomer_victim(request)
+            if victim is None:
+                return 0
             self.running.remove(victim)
-            self._preempt(victim, step)
-        return True
+            self._preempt(victim, step)  # an unscheduled victim gives budget back: count again
+
+    def _newcomer_victim(self, request: Request) -> Request | None:
+        if self.config.policy != "priority" or not self.running:
+            return None
+        victim = max(reversed(self.running), key=priority_key)
+        return victim if priority_key(victim) > priority_key(request) else None
 
     def _preempt(self, victim: Request, step: _Step) -> None:
         """Preempt by recompute: drop the victim's K/V; when it runs again it recomputes its

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from folio.core.request import RequestStatus
 from tests.core.fakes import FakeModel, RunResult, make_request, make_scheduler, run_to_completion, step
 
 
@@ -152,6 +153,24 @@ def test_budget_of_an_unscheduled_victim_goes_to_the_requests_after_it():
     # token of budget went to b's prompt.
     assert out.preempted_req_ids == ("low",)
     assert shares(out) == {"a": (8, 1), "b": (1, 3)}
+
+
+def test_newcomer_that_preempts_gets_the_budget_its_victim_gave_back():
+    sched = make_scheduler(
+        num_blocks=12, block_size=1, max_model_len=12, max_num_batched_tokens=10, policy="priority"
+    )
+    model, result = FakeModel(1), RunResult({}, {}, {}, 0)
+    sched.add_request(make_request("gone", 6, priority=0))
+    sched.add_request(make_request("low", 7, priority=1))
+    step(sched, model, result)  # low gets the 4 tokens of budget gone leaves
+    sched.finish_requests(["gone"], RequestStatus.FINISHED_ABORTED)
+    sched.add_request(make_request("small", 1, priority=0, arrival_time=1.0))
+    sched.add_request(make_request("big", 7, priority=0, arrival_time=2.0))
+    out = step(sched, model, result)
+    # low (4, 3) and small (0, 1) leave big 6 tokens and 4 blocks; big preempts low, whose 3
+    # tokens of budget come back, so big's whole prompt fits in this step.
+    assert out.preempted_req_ids == ("low",)
+    assert shares(out) == {"small": (0, 1), "big": (0, 7)}
 
 
 def test_better_ranked_newcomer_preempts_a_running_request():

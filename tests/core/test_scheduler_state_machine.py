@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from folio.core.request import RequestStatus
+from folio.core.request_queue import priority_key
 from tests.core.fakes import EOS, FakeModel, make_request, make_scheduler
 
 MAX_MODEL_LEN = 12
@@ -119,10 +120,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         # budget ran out.
         assert exhausted or all(r.request_id in scheduled for r in sched.running)
         assert exhausted or all(s.end == s.request.num_tokens for s in out.scheduled)
-        if out.preempted_req_ids:
-            # Short of memory: newcomers wait (the priority rule may admit the one that
-            # preempted, and nothing after it).
-            assert len(scheduled - was_running) <= (sched.config.policy == "priority")
+        newcomers = [s.request for s in out.scheduled if s.request_id not in was_running]
+        if out.preempted_req_ids and sched.config.policy == "fcfs":
+            assert not newcomers  # short of memory: newcomers wait
+        elif out.preempted_req_ids:
+            # Only a better-ranked newcomer may take a running request's blocks, and admission
+            # stops after it; newcomers are admitted best first.
+            victims = [sched.get_request(rid) for rid in out.preempted_req_ids]
+            assert all(
+                priority_key(v) > priority_key(n) for v in victims if v for n in newcomers
+            )
         elif sched.waiting and not exhausted and sched.num_running < self.max_num_seqs:
             head = sched.waiting.peek()
             num_new = min(head.num_tokens, self.budget - out.total_num_scheduled_tokens)
