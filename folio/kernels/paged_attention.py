@@ -19,6 +19,8 @@ Design (a FlashAttention-2 forward over a paged cache):
 Decode-only batches take folio/kernels/paged_decode.py instead (split-KV, no binary search).
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from folio.attention.backends.torch_ref import paged_attention_reference  # noqa: F401  (the reference)
@@ -26,6 +28,23 @@ from folio.kernels.triton_compat import check_dtype, check_same_device, next_pow
 
 LOG2_E = 1.4426950408889634
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Launch shape of an attention kernel; the defaults below are predictions to be tuned."""
+
+    block_m: int  # rows per program (query tokens x heads of a group), power of two >= 16
+    tile_n: int  # keys per inner iteration, power of two >= 16
+    num_warps: int
+    num_stages: int
+
+    def check(self, min_block_m: int) -> None:
+        for name, v in (("block_m", self.block_m), ("tile_n", self.tile_n)):
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {v}.")
+        if self.block_m < min_block_m:
+            raise ValueError(f"block_m must be >= {min_block_m} (the query heads of one group), got {self.block_m}.")
 
 
 @triton.jit
@@ -152,10 +171,11 @@ def unified_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
+    config: TileConfig | None = None,
 ) -> torch.Tensor:
     """Causal paged attention for a mixed batch; rows outside every sequence are left untouched.
 
-    max_query_len (a host int) only picks the tile shape; any value >= 1 is correct.
+    max_query_len (a host int) only picks the default tile shape; any value >= 1 is correct.
     """
     check_attention_inputs(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, sliding_window)
     if out is None:
@@ -176,8 +196,9 @@ def unified_attention(
         return out
     group = num_heads // num_kv_heads
     dim_pad = max(16, next_power_of_2(head_dim))
-    block_m, tile_n, num_warps = _tile_config(group, max(max_query_len, 1), dim_pad, query.dtype)
-    block_q = block_m // group
+    config = config or default_unified_config(group, max(max_query_len, 1), dim_pad, query.dtype)
+    config.check(next_power_of_2(group))
+    block_q = config.block_m // group
     k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, kv_heads, dim] each
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _unified_attention_kernel[grid](
@@ -203,29 +224,23 @@ def unified_attention(
         DIM_PAD=dim_pad,
         BLOCK_SIZE=block_size,
         BLOCK_Q=block_q,
-        BLOCK_M=block_m,
-        TILE_N=tile_n,
+        BLOCK_M=config.block_m,
+        TILE_N=config.tile_n,
         SLIDING_WINDOW=sliding_window or 0,
         DOT_PRECISION=dot_precision(query.dtype),
-        num_warps=num_warps,
-        num_stages=2,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return out
 
 
-def _tile_config(group: int, max_query_len: int, dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_M, TILE_N, num_warps).
-
-    Prefill chunks want tall q tiles (K/V re-read once per BLOCK_Q tokens, 64-row wgmma tiles);
-    a batch whose longest query is short wants 16 rows, so decode rows waste little work.
-    """
-    rows_needed = max_query_len * group
-    block_m = 16 if rows_needed <= 16 else 64
+def default_unified_config(group: int, max_query_len: int, dim_pad: int, dtype: torch.dtype) -> TileConfig:
+    """Prefill chunks want tall q tiles (K/V re-read once per BLOCK_Q tokens, 64-row wgmma
+    tiles); a batch whose longest query is short wants 16 rows, so decode rows waste little."""
+    block_m = 16 if max_query_len * group <= 16 else 64
     block_m = max(block_m, next_power_of_2(group))
-    wide = dim_pad > 128 or dtype == torch.float32
-    tile_n = 32 if wide else 64
-    num_warps = 8 if block_m >= 128 else 4
-    return block_m, tile_n, num_warps
+    tile_n = 32 if dim_pad > 128 or dtype == torch.float32 else 64
+    return TileConfig(block_m, tile_n, num_warps=8 if block_m >= 128 else 4, num_stages=2)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -281,4 +296,4 @@ def check_output(out: torch.Tensor, query: torch.Tensor) -> None:
         raise ValueError(f"out must be {tuple(query.shape)} {query.dtype}, contiguous in head_dim.")
 
 
-__all__ = ["unified_attention", "paged_attention_reference", "check_attention_inputs", "dot_precision"]
+__all__ = ["TileConfig", "unified_attention", "paged_attention_reference", "default_unified_config"]

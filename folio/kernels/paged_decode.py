@@ -21,7 +21,7 @@ SM two programs; then take the smallest power of two that does, at most 32. W1 a
 
 import torch
 
-from folio.kernels.paged_attention import LOG2_E, check_attention_inputs, check_output, dot_precision
+from folio.kernels.paged_attention import LOG2_E, TileConfig, check_attention_inputs, check_output, dot_precision
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
 MAX_SPLITS = 32
@@ -193,6 +193,7 @@ def paged_decode(
     num_splits: int = 1,
     min_split_tokens: int = MIN_SPLIT_TOKENS,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
+    config: TileConfig | None = None,
 ) -> torch.Tensor:
     """Decode attention, split over the context when num_splits > 1 (a power of two <= 32).
 
@@ -222,7 +223,9 @@ def paged_decode(
         return out
     group = num_heads // num_kv_heads
     dim_pad = max(16, next_power_of_2(head_dim))
-    tile_n = 32 if dim_pad > 128 or query.dtype == torch.float32 else 64
+    config = config or default_decode_config(group, dim_pad, query.dtype)
+    config.check(next_power_of_2(group))
+    tile_n = config.tile_n
     min_split_tokens = -(-min_split_tokens // tile_n) * tile_n
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, dim_pad, dtype=torch.float32, device=device)
@@ -257,13 +260,13 @@ def paged_decode(
         HEAD_DIM=head_dim,
         DIM_PAD=dim_pad,
         BLOCK_SIZE=block_size,
-        BLOCK_M=max(16, next_power_of_2(group)),
+        BLOCK_M=config.block_m,
         TILE_N=tile_n,
         NUM_SPLITS=num_splits,
         SLIDING_WINDOW=sliding_window or 0,
         DOT_PRECISION=dot_precision(query.dtype),
-        num_warps=4,
-        num_stages=3,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
@@ -285,6 +288,13 @@ def paged_decode(
             num_warps=4,
         )
     return out
+
+
+def default_decode_config(group: int, dim_pad: int, dtype: torch.dtype) -> TileConfig:
+    """16 rows (the smallest tensor-core tile) hold a group's heads; 64-key bf16 tiles are 16 KiB
+    each of K and V, three stages deep = 96 KiB of shared memory, two programs per H100 SM."""
+    tile_n = 32 if dim_pad > 128 or dtype == torch.float32 else 64
+    return TileConfig(max(16, next_power_of_2(group)), tile_n, num_warps=4, num_stages=3)
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, num_sms: int, max_splits: int = MAX_SPLITS) -> int:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from folio.attention.backends.torch_ref import paged_attention_reference
-from folio.kernels.paged_attention import unified_attention
+from folio.kernels.paged_attention import TileConfig, unified_attention
 from tests.kernels.paged_batch import assert_close, make_paged_batch
 
 # A prefill chunk on top of cached context, a whole prompt, decodes, and a padding sequence.
@@ -49,6 +49,16 @@ def test_long_prefill_chunks_use_tall_tiles(device):
     batch = make_paged_batch([40, 1, 23], [45, 60, 23], 4, 2, 32, 8, device=device, seed=3)
     out, expected = _run(batch)
     assert_close(out, expected, torch.float32)
+
+
+@pytest.mark.parametrize("config", [TileConfig(16, 16, 4, 2), TileConfig(32, 64, 4, 3), TileConfig(128, 32, 8, 2)])
+def test_every_tile_shape_is_correct(device, config):
+    # The GPU session sweeps these shapes for speed; each must compute the same function.
+    batch = make_paged_batch([11, 1, 5], [20, 33, 5], 6, 2, 24, 8, device=device, seed=config.block_m)
+    md = batch.metadata
+    out = unified_attention(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens,
+                            md.block_tables, md.num_seqs, md.max_query_len, 0.3, config=config)
+    assert_close(out, paged_attention_reference(batch.query, batch.kv_cache, md, 0.3), torch.float32)
 
 
 @pytest.mark.parametrize("window", [1, 6, 100])

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from folio.attention.backends.torch_ref import paged_attention_reference
+from folio.kernels.paged_attention import TileConfig
 from folio.kernels.paged_decode import MAX_SPLITS, choose_num_splits, paged_decode
 from tests.kernels.paged_batch import assert_close, make_paged_batch
 
@@ -59,6 +60,17 @@ def test_head_layouts(device, num_heads, num_kv_heads, head_dim, block_size):
     batch = _decode_batch(device, [5, 70, 33], num_heads, num_kv_heads, head_dim, block_size, seed=2)
     out = _decode(batch, 2)
     expected = paged_attention_reference(batch.query, batch.kv_cache, batch.metadata, 0.3)
+    real = batch.real_rows.to(device)
+    assert_close(out[real], expected[real], torch.float32)
+
+
+@pytest.mark.parametrize("config", [TileConfig(16, 16, 4, 2), TileConfig(32, 128, 8, 4)])
+def test_every_tile_shape_is_correct(device, config):
+    batch = _decode_batch(device, [9, 130, 64], num_heads=4, num_kv_heads=2, head_dim=16, seed=1)
+    md = batch.metadata
+    out = paged_decode(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables,
+                       md.num_seqs, 0.3, num_splits=2, min_split_tokens=16, config=config)
+    expected = paged_attention_reference(batch.query, batch.kv_cache, md, 0.3)
     real = batch.real_rows.to(device)
     assert_close(out[real], expected[real], torch.float32)
 
