@@ -88,7 +88,8 @@ def chat_conversations(seed: int = 0) -> list[list[dict[str, str]]]:
     for _ in range(12):
         a, b = rng.randrange(7), rng.randrange(6)
         question = f"What is {NUMBER_WORDS[a]} plus {NUMBER_WORDS[b]}?"
-        conversations.append([_user(question), _assistant(f"{NUMBER_WORDS[a].capitalize()} plus {NUMBER_WORDS[b]} is {NUMBER_WORDS[a + b]}.")])
+        answer = f"{NUMBER_WORDS[a].capitalize()} plus {NUMBER_WORDS[b]} is {NUMBER_WORDS[a + b]}."
+        conversations.append([_user(question), _assistant(answer)])
     for _ in range(8):
         name = rng.choice(NAMES)
         conversations.append(

@@ -28,8 +28,10 @@ the prompt's context) it keeps it, as the text reads after the prompt.
 
 from __future__ import annotations
 
+import functools
 import re
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -52,13 +54,7 @@ class IncrementalDetokenizer:
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self._decode_kwargs: dict[str, Any] = {
-            "skip_special_tokens": skip_special_tokens,
-            "clean_up_tokenization_spaces": False,  # a cleanup across the window edge would shift text
-        }
-        if not getattr(tokenizer, "is_fast", True):
-            # Only the Python ("slow") tokenizers implement it; fast ones join tokens as they are.
-            self._decode_kwargs["spaces_between_special_tokens"] = spaces_between_special_tokens
+        self._decode_ids = _decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
         self._special_ids = special_token_ids(tokenizer) if skip_special_tokens else frozenset()
         self._byte_ids = byte_fallback_ids(tokenizer)
         self._window = self._prompt_context(prompt_token_ids)
@@ -103,14 +99,36 @@ class IncrementalDetokenizer:
             kept += prompt_token_ids[start] not in self._special_ids
         # Never start inside a byte-fallback run: cut, the run would decode as U+FFFD throughout.
         in_run = self._byte_ids | self._special_ids
-        while start > lowest and prompt_token_ids[start] in in_run and prompt_token_ids[start - 1] in in_run:
+        ids = prompt_token_ids
+        while start > lowest and ids[start] in in_run and ids[start - 1] in in_run:
             start -= 1
         return list(prompt_token_ids[start:])
 
     def _decode(self, token_ids: list[int]) -> str:
-        if not token_ids:
-            return ""
-        return self.tokenizer.decode(token_ids, **self._decode_kwargs)
+        return self._decode_ids(token_ids) if token_ids else ""
+
+
+def _decoder(
+    tokenizer: Any, skip_special_tokens: bool, spaces_between_special_tokens: bool
+) -> Callable[[list[int]], str]:
+    """`ids -> text` as `tokenizer.decode(ids, skip_special_tokens, no cleanup)` computes it.
+
+    No clean-up of tokenization spaces: applied to a window, it could remove a space that
+    belongs to text already emitted. For a fast tokenizer that makes transformers' decode a
+    plain call into the Rust tokenizer, so the detokenizer calls that directly: this runs for
+    every generated token, and the Python wrapper would cost more than the decode itself.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if getattr(tokenizer, "is_fast", False) and callable(getattr(backend, "decode", None)):
+        return functools.partial(backend.decode, skip_special_tokens=skip_special_tokens)
+    kwargs: dict[str, Any] = {
+        "skip_special_tokens": skip_special_tokens,
+        "clean_up_tokenization_spaces": False,
+    }
+    if not getattr(tokenizer, "is_fast", True):
+        # Only the Python ("slow") tokenizers implement it; fast ones join tokens as they are.
+        kwargs["spaces_between_special_tokens"] = spaces_between_special_tokens
+    return functools.partial(tokenizer.decode, **kwargs)
 
 
 # ---- single tokens (log-prob entries) --------------------------------------------------------
@@ -201,7 +219,11 @@ def _anchor(tokenizer: Any) -> int | None:
 
 def _byte_level_decoder() -> dict[str, int]:
     """GPT-2's map from the printable stand-in characters back to the bytes they encode."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {chr(b): b for b in printable}
     shift = 0
     for b in range(256):

@@ -93,7 +93,9 @@ def _pick_default(template: Any, source: str) -> str | None:
             sorted(str(k) for k in template),
         )
         return None
-    raise ChatTemplateError(f"The chat_template in {source} is neither a string nor a list of templates.")
+    raise ChatTemplateError(
+        f"The chat_template in {source} is neither a string nor a list of templates."
+    )
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -264,7 +266,9 @@ def _raise_exception(message: str) -> None:
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # Jinja's own tojson escapes HTML characters; templates expect plain JSON.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -283,4 +287,6 @@ def _compile(template: str) -> jinja2.Template:
     try:
         return env.from_string(template)
     except jinja2.TemplateSyntaxError as e:
-        raise ChatTemplateError(f"The chat template is not valid Jinja (line {e.lineno}): {e.message}") from e
+        raise ChatTemplateError(
+            f"The chat template is not valid Jinja (line {e.lineno}): {e.message}"
+        ) from e

@@ -135,18 +135,25 @@ def test_special_and_added_tokens(skip):
     assert (("<|im_end|>" in text) is not skip) and SP_ADDED_PLAIN in text  # added != special
 
 
-class _RecordingTokenizer:
-    """Forwards to a real tokenizer and records how many ids each decode call gets."""
+class _Recording:
+    """Forwards to a tokenizer (or its Rust backend), recording how many ids each decode gets."""
 
-    def __init__(self, tok: Any) -> None:
-        self._tok, self.decode_lengths = tok, []
+    def __init__(self, target: Any, lengths: list[int]) -> None:
+        self._target, self.decode_lengths = target, lengths
 
     def decode(self, ids: list[int], **kwargs: Any) -> str:
         self.decode_lengths.append(len(ids))
-        return self._tok.decode(ids, **kwargs)
+        return self._target.decode(ids, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._tok, name)
+        return getattr(self._target, name)
+
+
+class _RecordingTokenizer(_Recording):
+    def __init__(self, tok: Any) -> None:
+        super().__init__(tok, [])
+        self._tok = tok
+        self.backend_tokenizer = _Recording(tok.backend_tokenizer, self.decode_lengths)
 
 
 @pytest.mark.parametrize("name", sorted(TOKENIZERS))
