@@ -22,8 +22,17 @@ Invariants:
 
 With these, the concatenated deltas equal `decode(prompt + output)` minus `decode(prompt)`; for a
 byte-level BPE that is exactly `decode(output)`. A sentencepiece-style decoder differs in one
-place only: decoded alone, an output's first token loses its leading "▁" space, while here (in
-the prompt's context) it keeps it, as the text reads after the prompt.
+place: decoded alone, an output's first token loses its leading "▁" space, while here (in the
+prompt's context) it keeps it, as the text reads after the prompt. Two edge cases, both tested:
+a prompt that ends inside a UTF-8 character gets an output decoded on its own (its first bytes
+read U+FFFD); and with byte fallback, when the prompt ends in byte tokens and the output's first
+byte tokens make that run invalid UTF-8, the prompt's part of the run would read differently in
+context, which emitted text cannot follow: the output is then the context decode past the
+prompt text's length. Emitted text is never taken back.
+
+Cost: two decodes of the window per step that emits text. The window holds the tokens emitted
+last step plus those not yet emitted; only output that keeps ending in U+FFFD (garbage bytes)
+lets it grow, until something decodable follows.
 """
 
 from __future__ import annotations
