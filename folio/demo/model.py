@@ -8,8 +8,9 @@ temporary folder next to the final one, renamed into place only when complete. A
 atomic, so two processes that build at once both end with one complete folder, never a half one.
 
 The model is a small Llama (0.7 M parameters, the demo tokenizer's 1000-token vocabulary)
-trained for a few seconds on the demo corpus, so it writes short English sentences and ChatML
-answers instead of random tokens.
+trained for 200 steps on the demo corpus, so it writes short English sentences and ChatML
+answers instead of random tokens. The build takes about 12 s on one CPU thread (measured on a
+busy 2-core development machine: 11-15 s); everything else in it takes well under a second.
 """
 
 from __future__ import annotations
