@@ -15,8 +15,11 @@ Design:
   split count, never on the lengths: valid under CUDA graph capture for any context length.
 
 Heuristic (choose_num_splits): split only when num_seqs * num_kv_heads programs cannot give every
-SM two programs; then take the smallest power of two that does, at most 32. W1 at 256 sequences x
-8 KV heads = 2048 programs never splits; the tail of the run (a few long sequences) does.
+SM four; then take the smallest power of two that does, at most 32. Four, because compiled for
+sm_90 the K/V tiles of this loop are single-buffered (the block-table load ahead of them takes a
+pipeline stage; see docs/perf-notes.md), so load latency is hidden by resident programs (4 per SM
+at 128 registers) rather than by prefetch. W1 at 256 sequences x 8 KV heads = 2048 programs never
+splits; below 66 sequences (the run's tail) it does.
 """
 
 import torch
@@ -25,6 +28,7 @@ from folio.kernels.paged_attention import LOG2_E, TileConfig, check_attention_in
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
 MAX_SPLITS = 32
+PROGRAMS_PER_SM = 4  # resident decode programs wanted per SM (see choose_num_splits)
 MIN_SPLIT_TOKENS = 256  # a split must read far more K/V (here 128 KiB per KV head) than it writes
 
 
@@ -298,13 +302,13 @@ def default_decode_config(group: int, dim_pad: int, dtype: torch.dtype) -> TileC
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, num_sms: int, max_splits: int = MAX_SPLITS) -> int:
-    """Splits per sequence for a decode batch: enough programs for two per SM, a power of two.
+    """Splits per sequence for a decode batch: enough programs for four per SM, a power of two.
 
     Depends only on the batch shape (not on context lengths), so a CUDA graph captured for a
     batch size stays right for every length; short contexts simply use fewer of the splits.
     """
     programs = max(num_seqs * num_kv_heads, 1)
-    target = 2 * num_sms
+    target = PROGRAMS_PER_SM * num_sms
     if programs >= target:
         return 1
     return min(next_power_of_2(-(-target // programs)), max_splits)

@@ -7,7 +7,7 @@ import torch
 
 from folio.attention.backends.torch_ref import paged_attention_reference
 from folio.kernels.paged_attention import TileConfig
-from folio.kernels.paged_decode import MAX_SPLITS, choose_num_splits, paged_decode
+from folio.kernels.paged_decode import MAX_SPLITS, PROGRAMS_PER_SM, choose_num_splits, paged_decode
 from tests.kernels.paged_batch import assert_close, make_paged_batch
 
 # Contexts from 1 token to several splits' worth; one padding sequence (query_len 0, seq_len 0).
@@ -93,14 +93,14 @@ def test_rejects_bad_split_counts(device):
 
 
 def test_split_heuristic():
-    sms = 132
+    sms, want = 132, PROGRAMS_PER_SM * 132
     assert choose_num_splits(256, 8, sms) == 1  # W1 at full batch: 2048 programs, no split
-    assert choose_num_splits(33, 8, sms) == 1  # 264 programs already fill two per SM
-    for seqs in (1, 2, 5, 16, 32):
+    assert choose_num_splits(66, 8, sms) == 1  # 528 programs already fill the SMs
+    for seqs in (1, 2, 5, 16, 32, 65):
         splits = choose_num_splits(seqs, 8, sms)
         assert splits & (splits - 1) == 0 and 1 < splits <= MAX_SPLITS
-        assert seqs * 8 * splits >= 2 * sms or splits == MAX_SPLITS
-        assert seqs * 8 * splits // 2 < 2 * sms  # the smallest power of two that fills the SMs
+        assert seqs * 8 * splits >= want or splits == MAX_SPLITS
+        assert seqs * 8 * splits // 2 < want  # the smallest power of two that fills the SMs
 
 
 @pytest.mark.gpu

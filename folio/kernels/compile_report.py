@@ -1,0 +1,151 @@
+"""Compile every kernel for Hopper (sm_90) on any machine, GPU or not, and report its resources.
+
+    python -m folio.kernels.compile_report [--arch 90] [--dump DIR]
+
+Drives the real launchers at the W1 shapes of Qwen3-0.6B (with CPU tensors standing in for
+device ones: only their dtypes, shapes and alignment matter) but compiles instead of launching,
+then reads each cubin: registers, spills, shared memory, 16-byte global loads and tensor-core
+instructions (HMMA / HGMMA). This is the "read what costs no device time" step: compile errors
+the interpreter cannot see show up here, and so do spills and narrow loads.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile for real; must precede every folio.kernels import
+
+import argparse  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import torch  # noqa: E402
+
+HEADS, KV_HEADS, DIM, BLOCK = 16, 8, 128, 16
+
+
+@dataclass
+class Report:
+    name: str
+    case: str
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+    wide_loads: int  # 16-byte global loads (LDG.E.128) or async copies (LDGSTS ... .128)
+    narrow_loads: int  # other global loads
+    mma: str  # HGMMA, HMMA or none
+
+
+def _compile_instead_of_launch(arch: int, results: list):
+    """Patch JITFunction.run so a launch compiles for cuda:arch and records the kernel."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource, compile, make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+
+    def run(self, *args, grid, warmup, **kwargs):
+        binder = create_function_from_signature(self.signature, self.params, backend)
+        bound, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, specialization, options)
+        kernel = compile(ASTSource(self, signature, constexprs, attrs), target=target, options=options.__dict__)
+        results.append((self.fn.__name__, kernel))
+
+    JITFunction.run = run
+
+
+def _allow_cpu_stand_ins() -> None:
+    from folio.kernels import activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary
+
+    for module in (activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary):
+        module.check_same_device = lambda *_a, **_k: torch.device("cpu")
+
+
+def _launch_all(dtype: torch.dtype) -> list[str]:
+    """Call each launcher once per case of interest; returns the case labels in launch order."""
+    from folio.kernels.activation import silu_and_mul_triton
+    from folio.kernels.paged_attention import unified_attention
+    from folio.kernels.paged_decode import paged_decode
+    from folio.kernels.reshape_and_cache import reshape_and_cache
+    from folio.kernels.rms_norm import rms_norm_triton
+    from folio.kernels.rotary import rotary_triton
+
+    t, seqs, blocks = 256, 8, 64
+    q = torch.zeros(t, HEADS, DIM, dtype=dtype)
+    kv = torch.zeros(2, blocks, BLOCK, KV_HEADS, DIM, dtype=dtype)
+    qsl, lens = torch.arange(seqs + 1, dtype=torch.int32), torch.full((seqs,), 100, dtype=torch.int32)
+    tables = torch.zeros(seqs, 8, dtype=torch.int32)
+    cases = []
+    reshape_and_cache(torch.zeros(t, KV_HEADS, DIM, dtype=dtype), torch.zeros(t, KV_HEADS, DIM, dtype=dtype),
+                      kv, torch.zeros(t, dtype=torch.int64))
+    cases.append("cache write")
+    for max_q in (1, 512):
+        unified_attention(q, kv, qsl, lens, tables, seqs, max_q, 0.1)
+        cases.append(f"unified max_query_len={max_q}")
+    paged_decode(q, kv, qsl, lens, tables, seqs, 0.1, num_splits=1)
+    cases.append("decode no split")
+    paged_decode(q, kv, qsl, lens, tables, seqs, 0.1, num_splits=8)
+    cases += ["decode 8 splits", "merge 8 splits"]
+    x = torch.zeros(t, 1024, dtype=dtype)
+    rms_norm_triton(x, torch.zeros(1024, dtype=dtype), 1e-6, x.clone())
+    cases.append("hidden 1024 + residual")
+    rms_norm_triton(q, torch.zeros(DIM, dtype=dtype), 1e-6)
+    cases.append("per-head 128")
+    qkv = torch.zeros(t, (HEADS + 2 * KV_HEADS) * DIM, dtype=dtype)
+    rotary_triton(qkv[:, : HEADS * DIM], qkv[:, HEADS * DIM : (HEADS + KV_HEADS) * DIM],
+                  torch.zeros(t, dtype=torch.int64), torch.zeros(4096, DIM, dtype=dtype), DIM)
+    cases.append("16 q + 8 k heads")
+    silu_and_mul_triton(torch.zeros(t, 2 * 3072, dtype=dtype))
+    cases.append("inter 3072")
+    return cases
+
+
+def _inspect(name: str, case: str, kernel, dump: str | None) -> Report:
+    from triton import knobs
+
+    ptxas_dir = os.path.dirname(knobs.nvidia.ptxas.path)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, f"{name}.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        res = subprocess.run([os.path.join(ptxas_dir, "cuobjdump"), "-res-usage", cubin],
+                             capture_output=True, text=True).stdout
+        sass = subprocess.run([os.path.join(ptxas_dir, "cuobjdump"), "-sass", cubin],
+                              capture_output=True, text=True).stdout
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        stem = os.path.join(dump, f"{name}.{re.sub(r'[^A-Za-z0-9]+', '_', case)}")
+        for ext, text in (("ptx", kernel.asm["ptx"]), ("sass", sass), ("ttgir", kernel.asm["ttgir"])):
+            with open(f"{stem}.{ext}", "w") as f:
+                f.write(text)
+    regs = int(m.group(1)) if (m := re.search(r"REG:(\d+)", res)) else -1
+    stack = int(m.group(1)) if (m := re.search(r"STACK:(\d+)", res)) else 0
+    loads = re.findall(r"\b(LDG\S*|LDGSTS\S*)", sass)
+    wide = sum(".128" in op for op in loads)
+    mma = "HGMMA" if "HGMMA" in sass else "HMMA" if "HMMA" in sass else "none"
+    return Report(name, case, regs, stack, kernel.metadata.shared, wide, len(loads) - wide, mma)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--dump", default=None, help="write PTX, SASS and TTGIR of every kernel here")
+    args = parser.parse_args()
+    results: list = []
+    _compile_instead_of_launch(args.arch, results)
+    _allow_cpu_stand_ins()
+    cases = _launch_all(getattr(torch, args.dtype))
+    reports = [_inspect(name, case, k, args.dump) for (name, k), case in zip(results, cases)]
+    print(f"sm_{args.arch}, {args.dtype}")
+    print(f"{'kernel':<28} {'case':<26} {'regs':>5} {'stack':>6} {'smem':>7} {'ld128':>6} {'ld<128':>7} {'mma':>6}")
+    for r in reports:
+        print(f"{r.name:<28} {r.case:<26} {r.registers:>5} {r.spill_bytes:>6} {r.shared_bytes:>7} "
+              f"{r.wide_loads:>6} {r.narrow_loads:>7} {r.mma:>6}")
+
+
+if __name__ == "__main__":
+    main()
