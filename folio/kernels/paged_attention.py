@@ -127,10 +127,16 @@ def _unified_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * bt_stride
+    # Block ids run one tile ahead, so the K/V loads do not wait on an in-loop load and the
+    # pipeliner can multi-buffer them (docs/perf-notes.md, compile report).
+    first = k_lo + tl.arange(0, TILE_N)
+    next_block = tl.load(table + first // BLOCK_SIZE, mask=first < k_hi, other=0)
     for start in range(k_lo, k_hi, TILE_N):
         k_pos = start + tl.arange(0, TILE_N)  # [TILE_N]
         k_valid = k_pos < k_hi
-        block = tl.load(table + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
+        block = next_block.to(tl.int64)
+        ahead = k_pos + TILE_N
+        next_block = tl.load(table + ahead // BLOCK_SIZE, mask=ahead < k_hi, other=0)
         kv_row = block * cache_stride_block + (k_pos % BLOCK_SIZE) * cache_stride_slot + kv_head * cache_stride_head
         kv_mask = k_valid[:, None] & dim_valid[None, :]
         k = tl.load(k_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
@@ -240,7 +246,9 @@ def default_unified_config(group: int, max_query_len: int, dim_pad: int, dtype: 
     block_m = 16 if max_query_len * group <= 16 else 64
     block_m = max(block_m, next_power_of_2(group))
     tile_n = 32 if dim_pad > 128 or dtype == torch.float32 else 64
-    return TileConfig(block_m, tile_n, num_warps=8 if block_m >= 128 else 4, num_stages=2)
+    # Stages chosen from the sm_90 compile report: both shapes then double-buffer K/V.
+    stages = 3 if block_m == 16 else 2
+    return TileConfig(block_m, tile_n, num_warps=8 if block_m >= 128 else 4, num_stages=stages)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

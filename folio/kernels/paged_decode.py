@@ -15,11 +15,10 @@ Design:
   split count, never on the lengths: valid under CUDA graph capture for any context length.
 
 Heuristic (choose_num_splits): split only when num_seqs * num_kv_heads programs cannot give every
-SM four; then take the smallest power of two that does, at most 32. Four, because compiled for
-sm_90 the K/V tiles of this loop are single-buffered (the block-table load ahead of them takes a
-pipeline stage; see docs/perf-notes.md), so load latency is hidden by resident programs (4 per SM
-at 128 registers) rather than by prefetch. W1 at 256 sequences x 8 KV heads = 2048 programs never
-splits; below 66 sequences (the run's tail) it does.
+SM four; then take the smallest power of two that does, at most 32. Each program keeps two 32 KiB
+K/V tiles in flight and 3 fit per SM, so 4 per SM leaves a wave's worth of programs queued to
+even out unequal lengths (docs/perf-notes.md). W1 at 256 sequences x 8 KV heads = 2048 programs
+never splits; below 66 sequences (the run's tail) it does.
 """
 
 import torch
@@ -28,7 +27,7 @@ from folio.kernels.paged_attention import LOG2_E, TileConfig, check_attention_in
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
 MAX_SPLITS = 32
-PROGRAMS_PER_SM = 4  # resident decode programs wanted per SM (see choose_num_splits)
+PROGRAMS_PER_SM = 4  # decode programs wanted per SM in the grid (see choose_num_splits)
 MIN_SPLIT_TOKENS = 256  # a split must read far more K/V (here 128 KiB per KV head) than it writes
 
 
@@ -107,10 +106,16 @@ def _paged_decode_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
     table = block_tables_ptr + seq.to(tl.int64) * bt_stride
+    # Block ids run one tile ahead, so the K/V loads do not wait on an in-loop load and the
+    # pipeliner can multi-buffer them (docs/perf-notes.md, compile report).
+    first = start + tl.arange(0, TILE_N)
+    next_block = tl.load(table + first // BLOCK_SIZE, mask=first < end, other=0)
     for tile in range(start, end, TILE_N):
         k_pos = tile + tl.arange(0, TILE_N)  # [TILE_N]
         k_valid = k_pos < end
-        block = tl.load(table + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
+        block = next_block.to(tl.int64)
+        ahead = k_pos + TILE_N
+        next_block = tl.load(table + ahead // BLOCK_SIZE, mask=ahead < end, other=0)
         kv_row = block * cache_stride_block + (k_pos % BLOCK_SIZE) * cache_stride_slot + kv_head * cache_stride_head
         kv_mask = k_valid[:, None] & dim_valid[None, :]
         k = tl.load(k_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
@@ -296,7 +301,7 @@ def paged_decode(
 
 def default_decode_config(group: int, dim_pad: int, dtype: torch.dtype) -> TileConfig:
     """16 rows (the smallest tensor-core tile) hold a group's heads; 64-key bf16 tiles are 16 KiB
-    each of K and V, three stages deep = 96 KiB of shared memory, two programs per H100 SM."""
+    each of K and V; 3 stages double-buffer them (70 KiB shared memory, 3 programs per H100 SM)."""
     tile_n = 32 if dim_pad > 128 or dtype == torch.float32 else 64
     return TileConfig(max(16, next_power_of_2(group)), tile_n, num_warps=4, num_stages=3)
 
