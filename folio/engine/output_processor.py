@@ -165,7 +165,9 @@ class OutputProcessor:
                 sample.cumulative_logprob += entry.logprobs[0]
         stopped = False
         if sample.detokenizer is not None and out.new_token_ids:
-            new_text = sample.detokenizer.append(out.new_token_ids)
+            new_text = sample.detokenizer.append(
+                out.new_token_ids, finished=out.finish_reason is not None
+            )
             sample.text = sample.detokenizer.output_text
             stop = find_stop(sample.text, len(new_text), sample.params.stop,
                              sample.params.include_stop_str_in_output)
