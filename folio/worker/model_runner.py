@@ -105,6 +105,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._forget(scheduler_output.finished_req_ids)
+        self._move_blocks(scheduler_output)
         scheduled = scheduler_output.scheduled
         if not scheduled:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
@@ -175,6 +176,18 @@ class ModelRunner:
                 generator = make_request_generator(params.seed, self.device)
                 self.generators[request.request_id] = generator
         return SamplingRow(params, request.prompt_token_ids, request.output_token_ids, generator)
+
+    def _move_blocks(self, scheduler_output: SchedulerOutput) -> None:
+        """Copy-on-write copies and swaps the scheduler asked for, before this step's forward."""
+        if scheduler_output.blocks_to_copy:
+            assert self.kv_cache is not None
+            src, dst = zip(*scheduler_output.blocks_to_copy)
+            src_t = torch.tensor(src, device=self.device)
+            dst_t = torch.tensor(dst, device=self.device)
+            # [layers, 2, blocks, ...]: one indexed copy moves the blocks of every layer.
+            self.kv_cache[:, :, dst_t] = self.kv_cache[:, :, src_t]
+        if scheduler_output.blocks_to_swap_out or scheduler_output.blocks_to_swap_in:
+            raise NotImplementedError("swapping KV blocks to the CPU is not built yet")
 
     def _forget(self, request_ids: frozenset[str]) -> None:
         for request_id in request_ids:
