@@ -1,0 +1,93 @@
+"""The physical floor: reproduces DESIGN.md's numbers for W1 on Qwen3-0.6B, counts rules right."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from folio.benchmarks.floor import _sum_contexts, compute_floor, model_cost, workload_cost
+from folio.benchmarks.hardware import DeviceLimits, measure_device
+from folio.benchmarks.workloads import BenchRequest, Workload, w1
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "folio", "benchmarks", "configs")
+QWEN3 = os.path.join(CONFIGS, "qwen3-0.6b")
+LLAMA8B = os.path.join(CONFIGS, "llama-3.1-8b")
+H100 = DeviceLimits("H100 as measured in DESIGN.md", copy_bandwidth=3.0e12, matmul_flops=785e12)
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return model_cost(QWEN3, "bfloat16")
+
+
+def test_qwen3_kv_is_112_kib_per_token(qwen3):
+    assert qwen3.kv_bytes_per_token == 112 * 1024
+    assert (qwen3.num_layers, qwen3.num_kv_heads, qwen3.head_dim) == (28, 8, 128)
+
+
+def test_qwen3_w1_reproduces_design(qwen3):
+    work = workload_cost(w1())
+    assert work.kv_token_reads == 120_938_031  # "~121 M token-reads"
+    assert work.min_steps == 1024
+    floor = compute_floor(qwen3, work, H100)
+    assert floor.kv_read_bytes == pytest.approx(13.87e12, rel=1e-3)  # "about 14 TB"
+    assert floor.bound == "memory"
+    assert floor.floor_time_s == pytest.approx(5.04, rel=0.01)  # "under ~5 s"
+    assert floor.ceiling_output_tok_s == pytest.approx(26_600, rel=0.01)
+    assert floor.fraction(16_000) == pytest.approx(16_000 / floor.ceiling_output_tok_s)
+
+
+def test_llama8b_w1_is_near_design():
+    llama = model_cost(LLAMA8B, "bfloat16")
+    assert llama.kv_bytes_per_token == 128 * 1024
+    # Input embeddings are gathered, not read whole; lm_head (untied) is read every pass.
+    assert llama.step_params == pytest.approx(7.505e9, rel=1e-3)
+    floor = compute_floor(llama, workload_cost(w1()), H100)
+    assert floor.total_bytes == pytest.approx(31.3e12, rel=0.01)  # DESIGN: ~32 TB incl. embeddings
+    assert floor.ceiling_output_tok_s == pytest.approx(12_400, rel=0.05)
+
+
+def test_tied_lm_head_counts_once_per_pass(qwen3):
+    # Qwen3-0.6B: 28 layers of (q, k, v, o, gate, up, down) + the tied 151936 x 1024 table as lm_head.
+    per_layer = 1024 * (2048 + 1024 + 1024) + 2048 * 1024 + 3 * 1024 * 3072
+    assert qwen3.body_matmul_params == 28 * per_layer
+    assert qwen3.lm_head_params == 151_936 * 1024
+    norms = 28 * (2 * 1024 + 2 * 128) + 1024  # input/post norms, q/k norms, final norm
+    assert qwen3.step_params == qwen3.body_matmul_params + qwen3.lm_head_params + norms
+
+
+def test_token_reads_and_flops_by_hand():
+    w = Workload("two", [BenchRequest([1, 2, 3], 2), BenchRequest([4], 3)])
+    work = workload_cost(w)
+    # Request 1 samples from contexts 3 and 4; request 2 from 1, 2 and 3.
+    assert work.kv_token_reads == 3 + 4 + 1 + 2 + 3
+    assert work.tokens_fed == (3 + 2 - 1) + (1 + 3 - 1)
+    assert work.attention_pairs == (1 + 2 + 3 + 4) + (1 + 2 + 3)
+    assert work.min_steps == 3
+
+
+def test_sliding_window_caps_the_context():
+    for first, last, window in [(1, 10, 4), (5, 9, 4), (3, 3, 8), (1, 40, 40), (2, 50, 7)]:
+        assert _sum_contexts(first, last, window) == sum(min(c, window) for c in range(first, last + 1))
+    assert _sum_contexts(1, 10, None) == 55 and _sum_contexts(5, 4, None) == 0
+
+
+def test_sliding_window_model(tmp_path):
+    with open(os.path.join(QWEN3, "config.json")) as f:
+        config = json.load(f)
+    config.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=64,
+                  num_hidden_layers=2, vocab_size=1000)
+    del config["use_sliding_window"], config["max_window_layers"]  # Qwen's switches, not Mistral's
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cost = model_cost(str(tmp_path), "float32")
+    assert cost.sliding_window == 64 and cost.itemsize == 4
+    work = workload_cost(Workload("long", [BenchRequest([0] * 100, 10)]), cost.sliding_window)
+    assert work.kv_token_reads == 64 * 10
+
+
+def test_no_device_no_floor_time(qwen3):
+    floor = compute_floor(qwen3, workload_cost(w1()), None)
+    assert floor.total_bytes > 0 and floor.floor_time_s is None and floor.fraction(1.0) is None
+    assert measure_device("cpu") is None
