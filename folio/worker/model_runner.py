@@ -13,7 +13,8 @@ from folio.models.loader import load_model
 from folio.sample.metadata import SamplingMetadata, SamplingRow
 from folio.sample.sampler import Sampler, gather_logprobs, make_request_generator
 from folio.worker import kv_cache as kvc
-from folio.worker.step_inputs import PromptLogprobsPlan, StepInputs, build_step_inputs
+from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, graph_batch_sizes
+from folio.worker.step_inputs import PromptLogprobsPlan, StepInputBuilder, StepInputs
 
 logger = init_logger(__name__)
 
@@ -38,6 +39,11 @@ class ModelRunner:
             dtype=self.dtype,
         )
         self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, dim]
+        sched = config.scheduler
+        self.inputs = StepInputBuilder(
+            sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_model_len, self.block_size, self.device
+        )
+        self.graphs: CudaGraphRunner | None = None  # captured once the KV cache exists
         # Per-request state that must outlive preemption: seeded generators, prompt-logprob progress.
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs_done: dict[str, int] = {}
@@ -57,8 +63,24 @@ class ModelRunner:
         return num_blocks
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate and bind the KV cache, then capture the decode graphs (they bake in its
+        address: a cache bound later needs a new capture)."""
         self.kv_cache = kvc.allocate_kv_cache(self.kv_spec, num_blocks, self.device)
         self.model.bind_kv_caches(list(self.kv_cache.unbind(0)))
+        if self.uses_cuda_graphs():
+            self.graphs = CudaGraphRunner(
+                self.model, self.inputs, graph_batch_sizes(self.config.scheduler.max_num_seqs)
+            )
+            self.graphs.capture()
+
+    def uses_cuda_graphs(self) -> bool:
+        """Decode steps replay CUDA graphs unless enforce_eager, off CUDA, or on the torch
+        attention backend (it loops over host lists, which a graph would freeze)."""
+        return (
+            self.device.type == "cuda"
+            and not self.config.model.enforce_eager
+            and self.attn_backend.name == "triton"
+        )
 
     def _profile_gpu_blocks(self) -> int:
         """Run the largest step the scheduler can issue, then give the rest of the budget to KV."""
@@ -70,6 +92,8 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info()
         non_torch = (total - free) - torch.cuda.memory_reserved()
         budget = total * self.config.cache.gpu_memory_utilization - peak_torch - max(non_torch, 0)
+        if self.uses_cuda_graphs():
+            budget -= GRAPH_MEMORY_RESERVE
         torch.cuda.empty_cache()
         logger.info(
             "Memory profile: peak %.2f GiB by torch, %.2f GiB outside torch, KV budget %.2f GiB",
@@ -99,20 +123,24 @@ class ModelRunner:
             self.model.bind_kv_caches([None] * self.kv_spec.num_layers)  # type: ignore[list-item]
             self.generators.clear()
             self.prompt_logprobs_done.clear()
+            self.inputs.forget(tuple(s.request_id for s in so.scheduled))
             del cache
 
     # ---- one step ---------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._forget(scheduler_output.finished_req_ids)
+        self.inputs.forget(scheduler_output.preempted_req_ids)
         self._move_blocks(scheduler_output)
         scheduled = scheduler_output.scheduled
         if not scheduled:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
-        inputs = build_step_inputs(
-            scheduler_output, self.block_size, self.device, self.prompt_logprobs_done
-        )
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
+        bucket = self._graph_bucket(scheduler_output)
+        inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket)
+        if bucket is not None and self.graphs is not None:
+            hidden = self.graphs.replay(bucket)  # [bucket, hidden]
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
         output = ModelRunnerOutput(
             req_ids=[s.request_id for s in scheduled],
             sampled_token_ids=[[] for _ in scheduled],
@@ -131,7 +159,10 @@ class ModelRunner:
         scheduled: list[ScheduledRequest],
         output: ModelRunnerOutput,
     ) -> None:
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
+        if inputs.logits_indices is None:  # every token samples (decode): no gather
+            logits = self.model.compute_logits(hidden[: inputs.num_tokens])  # [num_tokens, vocab]
+        else:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
         rows = [self._sampling_row(scheduled[i]) for i in inputs.sampling_batch_indices]
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
         result = self.sampler(logits, metadata)
@@ -190,6 +221,16 @@ class ModelRunner:
             raise NotImplementedError("swapping KV blocks to the CPU is not built yet")
 
     def _forget(self, request_ids: frozenset[str]) -> None:
+        self.inputs.forget(request_ids)
         for request_id in request_ids:
             self.generators.pop(request_id, None)
             self.prompt_logprobs_done.pop(request_id, None)
+
+    def _graph_bucket(self, scheduler_output: SchedulerOutput) -> int | None:
+        """The captured batch size to replay for a decode-only step (one token per request)."""
+        if self.graphs is None:
+            return None
+        num_seqs = len(scheduler_output.scheduled)
+        if scheduler_output.total_num_scheduled_tokens != num_seqs:
+            return None
+        return self.graphs.bucket_for(num_seqs)

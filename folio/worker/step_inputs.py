@@ -1,6 +1,14 @@
 """StepInputs: the flat batch tensors of one step, built from a SchedulerOutput.
 
-Everything is assembled on the host with numpy and moved to the device in one copy per tensor.
+StepInputBuilder fills persistent buffers sized for the largest step: host arrays (pinned on a
+GPU) written by numpy, then one host-to-device copy per tensor into persistent device tensors,
+so a CUDA graph can read the same addresses every step. The only per-request Python left is
+reading each request's few scalars and its new token ids; positions, slot mapping, sequence
+lengths and the block table are computed with whole-batch numpy operations.
+
+Padding (pad_to > num_seqs, for a captured graph's batch size): padded tokens have input id 0,
+position 0 and slot -1 (nothing written to the cache); padded sequences have query length 0 and
+seq_len 0, so attention skips them. Their rows of the output are garbage and never read.
 """
 
 from __future__ import annotations
@@ -11,7 +19,8 @@ import numpy as np
 import torch
 
 from folio.attention.metadata import AttentionMetadata
-from folio.core.scheduler_output import SchedulerOutput
+from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from folio.worker.block_table import BlockTable
 
 
 @dataclass(frozen=True)
@@ -26,91 +35,196 @@ class PromptLogprobsPlan:
 
 @dataclass
 class StepInputs:
-    input_ids: torch.Tensor  # [num_tokens] int64
-    positions: torch.Tensor  # [num_tokens] int64
+    input_ids: torch.Tensor  # [num_tokens (padded)] int64
+    positions: torch.Tensor  # [num_tokens (padded)] int64
     attn_metadata: AttentionMetadata
-    logits_indices: torch.Tensor  # [num_sampling] int64, last row of each sampling request
+    # [num_sampling] int64, last row of each sampling request; None when every token samples
+    # (then the rows are 0 ... num_tokens - 1, e.g. a decode step)
+    logits_indices: torch.Tensor | None
     sampling_batch_indices: list[int]  # which scheduled requests sample, in logits order
     prompt_logprobs_plans: list[PromptLogprobsPlan]
+    num_tokens: int  # real tokens (input_ids may be padded past this)
 
 
-def build_step_inputs(
-    scheduler_output: SchedulerOutput,
-    block_size: int,
-    device: torch.device,
-    prompt_logprobs_done: dict[str, int],
-) -> StepInputs:
-    """Flatten the scheduled requests into one batch.
+class _Buffers:
+    """One set of same-named host and device tensors (host pinned on CUDA)."""
 
-    prompt_logprobs_done maps request id -> index of the next prompt token still to be scored
-    (a request preempted and recomputed does not score the same prompt tokens twice).
-    """
-    scheduled = scheduler_output.scheduled
-    num_tokens = scheduler_output.total_num_scheduled_tokens
-    num_seqs = len(scheduled)
-    input_ids = np.empty(num_tokens, dtype=np.int64)
-    positions = np.empty(num_tokens, dtype=np.int64)
-    slot_mapping = np.empty(num_tokens, dtype=np.int64)
-    query_start_loc = [0] * (num_seqs + 1)
-    seq_lens = [0] * num_seqs
-    max_blocks = max((len(s.block_ids) for s in scheduled), default=1)
-    block_tables = np.zeros((num_seqs, max(max_blocks, 1)), dtype=np.int32)
-    logits_rows: list[int] = []
-    sampling_batch_indices: list[int] = []
-    plans: list[PromptLogprobsPlan] = []
+    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], device: torch.device) -> None:
+        pin = device.type == "cuda"
+        self.host = {k: torch.zeros(s, dtype=d, pin_memory=pin) for k, (s, d) in shapes.items()}
+        self.np = {k: t.numpy() for k, t in self.host.items()}
+        self.device = {k: torch.zeros(s, dtype=d, device=device) for k, (s, d) in shapes.items()}
 
-    offset = 0
-    for i, sched in enumerate(scheduled):
-        start, end = sched.num_computed_tokens, sched.end
-        n = end - start
-        tokens = sched.request.all_token_ids
-        blocks = sched.block_ids
-        if n == 1:  # decode: skip numpy overhead for the common single-token case
-            input_ids[offset] = tokens[start]
-            positions[offset] = start
-            slot_mapping[offset] = blocks[start // block_size] * block_size + start % block_size
+
+class StepInputBuilder:
+    def __init__(
+        self,
+        max_num_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
+        self.block_size = block_size
+        self.device = device
+        self.max_num_tokens = max_num_tokens
+        self.max_num_seqs = max_num_seqs
+        max_blocks = -(-max_model_len // block_size)
+        # Rows outlive a step by one (finished ids arrive with the next SchedulerOutput): 2x.
+        self.block_table = BlockTable(2 * max_num_seqs, max_blocks)
+        t, s = max_num_tokens, max_num_seqs
+        self.buffers = _Buffers(
+            {
+                "input_ids": ((t,), torch.int64),
+                "positions": ((t,), torch.int64),
+                "slot_mapping": ((t,), torch.int64),
+                "query_start_loc": ((s + 1,), torch.int32),
+                "seq_lens": ((s,), torch.int32),
+                # Flat on the host (a step's [num_seqs, width] table is a contiguous prefix),
+                # [max_num_seqs, max_blocks] on the device (kernels take the row stride).
+                "block_tables": ((s * max_blocks,), torch.int32),
+            },
+            device,
+        )
+        self.device_block_tables = self.buffers.device["block_tables"].view(s, max_blocks)
+        # Host buffers are rewritten each step: wait until last step's copies have left them.
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+
+    # ---- request lifetimes ------------------------------------------------------------------
+    def forget(self, request_ids: frozenset[str] | tuple[str, ...]) -> None:
+        for request_id in request_ids:
+            self.block_table.drop(request_id)
+
+    # ---- one step ---------------------------------------------------------------------------
+    def build(
+        self,
+        scheduler_output: SchedulerOutput,
+        prompt_logprobs_done: dict[str, int],
+        pad_to: int | None = None,
+    ) -> StepInputs:
+        """Flatten the scheduled requests into one batch, padded to pad_to sequences (decode
+        steps only: one token per sequence).
+
+        prompt_logprobs_done maps request id -> index of the next prompt token still to be
+        scored (a request preempted and recomputed does not score the same prompt tokens twice).
+        """
+        scheduled = scheduler_output.scheduled
+        num_tokens = scheduler_output.total_num_scheduled_tokens
+        num_seqs = len(scheduled)
+        if num_tokens > self.max_num_tokens or num_seqs > self.max_num_seqs:
+            raise ValueError(
+                f"Step of {num_tokens} tokens / {num_seqs} sequences exceeds the runner's buffers "
+                f"({self.max_num_tokens} / {self.max_num_seqs})."
+            )
+        padded_seqs = max(pad_to or num_seqs, num_seqs)
+        padded_tokens = num_tokens + (padded_seqs - num_seqs)
+        if self._copied is not None:
+            self._copied.synchronize()
+        h = self.buffers.np
+        rows, starts, counts, logits_rows, sampling, plans = self._fill_token_ids(
+            scheduled, h["input_ids"], prompt_logprobs_done
+        )
+        seq_lens = starts + counts  # [num_seqs]
+        qsl = h["query_start_loc"]
+        qsl[0] = 0
+        np.cumsum(counts, out=qsl[1 : num_seqs + 1])
+        qsl[num_seqs + 1 : padded_seqs + 1] = num_tokens  # padded sequences: query length 0
+        h["seq_lens"][:num_seqs] = seq_lens
+        h["seq_lens"][num_seqs:padded_seqs] = 0
+        positions = h["positions"][:num_tokens]
+        if num_tokens == num_seqs:  # decode-only: one token per sequence at its last position
+            positions[:] = starts
+            token_rows = rows
         else:
-            pos = np.arange(start, end, dtype=np.int64)
-            input_ids[offset : offset + n] = tokens[start:end]
-            positions[offset : offset + n] = pos
-            table = np.asarray(blocks, dtype=np.int64)
-            slot_mapping[offset : offset + n] = table[pos // block_size] * block_size + pos % block_size
-        block_tables[i, : len(blocks)] = blocks
-        query_start_loc[i + 1] = offset + n
-        seq_lens[i] = end
-        plan = _plan_prompt_logprobs(i, sched, offset, prompt_logprobs_done)
-        if plan is not None:
-            plans.append(plan)
-        offset += n
-        if sched.samples:
-            logits_rows.append(offset - 1)
-            sampling_batch_indices.append(i)
+            token_rows = np.repeat(rows, counts)  # [num_tokens]
+            positions[:] = np.arange(num_tokens) - np.repeat(qsl[:num_seqs] - starts, counts)
+        width = max(int(-(-seq_lens.max() // self.block_size)), 1) if num_seqs else 1
+        table = self.block_table.table
+        block_ids = table[token_rows, positions // self.block_size]  # [num_tokens]
+        h["slot_mapping"][:num_tokens] = block_ids * self.block_size + positions % self.block_size
+        for name, fill in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1)):
+            h[name][num_tokens:padded_tokens] = fill
+        step_table = self.block_table.gather(rows, width, h["block_tables"])  # [num_seqs, width]
+        self._copy_to_device(padded_tokens, padded_seqs, step_table)
+        d = self.buffers.device
+        metadata = AttentionMetadata(
+            num_actual_tokens=num_tokens,
+            num_seqs=padded_seqs,
+            max_query_len=int(counts.max()) if num_seqs else 0,
+            max_seq_len=int(seq_lens.max()) if num_seqs else 0,
+            query_start_loc=d["query_start_loc"][: padded_seqs + 1],
+            seq_lens=d["seq_lens"][:padded_seqs],
+            block_tables=self.device_block_tables[:padded_seqs],
+            slot_mapping=d["slot_mapping"][:padded_tokens],
+            query_start_loc_cpu=qsl[: padded_seqs + 1].tolist(),
+            seq_lens_cpu=h["seq_lens"][:padded_seqs].tolist(),
+            is_decode_only=num_tokens == num_seqs,
+        )
+        d = self.buffers.device
+        return StepInputs(
+            input_ids=d["input_ids"][:padded_tokens],
+            positions=d["positions"][:padded_tokens],
+            attn_metadata=metadata,
+            logits_indices=None if len(logits_rows) == num_tokens else _move(np.asarray(logits_rows, dtype=np.int64), self.device),
+            sampling_batch_indices=sampling,
+            prompt_logprobs_plans=plans,
+            num_tokens=num_tokens,
+        )
 
-    metadata = AttentionMetadata(
-        num_actual_tokens=num_tokens,
-        num_seqs=num_seqs,
-        max_query_len=max((query_start_loc[i + 1] - query_start_loc[i] for i in range(num_seqs)), default=0),
-        max_seq_len=max(seq_lens, default=0),
-        query_start_loc=_to_device(np.asarray(query_start_loc, dtype=np.int32), device),
-        seq_lens=_to_device(np.asarray(seq_lens, dtype=np.int32), device),
-        block_tables=_to_device(block_tables, device),
-        slot_mapping=_to_device(slot_mapping, device),
-        query_start_loc_cpu=query_start_loc,
-        seq_lens_cpu=seq_lens,
-        is_decode_only=num_tokens == num_seqs,
-    )
-    return StepInputs(
-        input_ids=_to_device(input_ids, device),
-        positions=_to_device(positions, device),
-        attn_metadata=metadata,
-        logits_indices=_to_device(np.asarray(logits_rows, dtype=np.int64), device),
-        sampling_batch_indices=sampling_batch_indices,
-        prompt_logprobs_plans=plans,
-    )
+    def _fill_token_ids(
+        self,
+        scheduled: list[ScheduledRequest],
+        input_ids: np.ndarray,
+        prompt_logprobs_done: dict[str, int],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[int], list[PromptLogprobsPlan]]:
+        """The per-request loop: block-table rows, new token ids, and who samples."""
+        rows, starts, counts = [], [], []
+        logits_rows: list[int] = []
+        sampling: list[int] = []
+        plans: list[PromptLogprobsPlan] = []
+        offset = 0
+        for i, sched in enumerate(scheduled):
+            request = sched.request
+            start, n = sched.num_computed_tokens, sched.num_new_tokens
+            rows.append(self.block_table.row_for(request.request_id, sched.block_ids))
+            starts.append(start)
+            counts.append(n)
+            tokens = request.all_token_ids
+            if n == 1:
+                input_ids[offset] = tokens[start]
+            else:
+                input_ids[offset : offset + n] = tokens[start : start + n]
+            if request.sampling_params.prompt_logprobs is not None:
+                plan = _plan_prompt_logprobs(i, sched, offset, prompt_logprobs_done)
+                if plan is not None:
+                    plans.append(plan)
+            offset += n
+            if start + n >= len(tokens):  # sched.samples: reaches the last known token
+                logits_rows.append(offset - 1)
+                sampling.append(i)
+        as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+        return as_array(rows), as_array(starts), as_array(counts), logits_rows, sampling, plans
+
+    def _copy_to_device(self, padded_tokens: int, padded_seqs: int, step_table: np.ndarray) -> None:
+        """Copy this step's prefixes of the host buffers into the device buffers (async)."""
+        hb, d = self.buffers.host, self.buffers.device
+        for name, n in (
+            ("input_ids", padded_tokens),
+            ("positions", padded_tokens),
+            ("slot_mapping", padded_tokens),
+            ("query_start_loc", padded_seqs + 1),
+            ("seq_lens", padded_seqs),
+        ):
+            d[name][:n].copy_(hb[name][:n], non_blocking=True)
+        rows, width = step_table.shape
+        host_table = hb["block_tables"][: rows * width].view(rows, width)
+        self.device_block_tables[:rows, :width].copy_(host_table, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
 
 
 def _plan_prompt_logprobs(
-    batch_index: int, sched, row_offset: int, done: dict[str, int]
+    batch_index: int, sched: ScheduledRequest, row_offset: int, done: dict[str, int]
 ) -> PromptLogprobsPlan | None:
     """Which rows of this chunk score prompt tokens not yet scored.
 
@@ -130,7 +244,7 @@ def _plan_prompt_logprobs(
     return PromptLogprobsPlan(batch_index, rows, list(targets), first_target)
 
 
-def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+def _move(array: np.ndarray, device: torch.device) -> torch.Tensor:
     tensor = torch.from_numpy(array)
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)

@@ -1,0 +1,103 @@
+"""CudaGraphRunner: decode steps replayed from CUDA graphs captured at bucketed batch sizes.
+
+A decode step of the 0.6B model launches ~360 small kernels; launched one by one from Python
+the host, not the GPU, sets the pace. A graph replays them all with one launch.
+
+- Buckets: 1, 2, 4, then multiples of 8 up to max_num_seqs (and max_num_seqs itself). A step of
+  n sequences replays the smallest bucket >= n; the StepInputBuilder pads the batch to it
+  (padded sequences have query length 0 and seq_len 0; padded slots are -1).
+- Every graph reads the StepInputBuilder's persistent device buffers, so a replay needs only the
+  host-to-device copies that build() already makes. The attention grid depends only on the
+  padded batch size (the split count too, see folio/kernels/paged_decode.py), so one graph per
+  bucket is valid for every context length.
+- Each bucket is run once eagerly before its capture, so Triton compiles (and cuBLAS picks its
+  kernels) outside the capture. Graphs share one memory pool, captured largest first.
+- Only the forward pass is captured; the LM head and sampling run eagerly after it.
+- Off with enforce_eager, and whenever the attention backend is not Triton (the torch reference
+  loops over host lists, which a graph would freeze).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+
+import torch
+from tqdm import tqdm
+
+from folio.core.scheduler_output import SchedulerOutput
+from folio.logger import init_logger
+from folio.models.base import CausalLM
+from folio.worker.step_inputs import StepInputBuilder
+
+logger = init_logger(__name__)
+
+# Room the KV profiling leaves for the graphs' memory pool (activations of a max_num_seqs-token
+# decode step plus split-KV partials: tens of MiB for the models we serve) and the kernels that
+# are compiled during capture. The capture logs what it really took.
+GRAPH_MEMORY_RESERVE = 512 << 20
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """[1, 2, 4, 8, 16, 24, ..., max_num_seqs]: all <= max_num_seqs, max_num_seqs included."""
+    sizes = {s for s in (1, 2, 4) if s <= max_num_seqs}
+    sizes.update(range(8, max_num_seqs + 1, 8))
+    sizes.add(max_num_seqs)
+    return sorted(sizes)
+
+
+class CudaGraphRunner:
+    def __init__(self, model: CausalLM, builder: StepInputBuilder, batch_sizes: list[int]) -> None:
+        self.model = model
+        self.builder = builder
+        self.batch_sizes = sorted(batch_sizes)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  # bucket -> [bucket, hidden], in the pool
+
+    def bucket_for(self, num_seqs: int) -> int | None:
+        """The smallest captured batch size that holds num_seqs, or None (run eagerly)."""
+        i = bisect.bisect_left(self.batch_sizes, num_seqs)
+        if i == len(self.batch_sizes) or self.batch_sizes[i] not in self.graphs:
+            return None
+        return self.batch_sizes[i]
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        start = time.perf_counter()
+        torch.cuda.synchronize()
+        free_before, _ = torch.cuda.mem_get_info()
+        pool = None
+        sizes = sorted(self.batch_sizes, reverse=True)  # the largest first: the rest reuse its pool
+        for size in tqdm(sizes, desc="Capturing CUDA graphs", dynamic_ncols=True):
+            inputs = self.builder.build(SchedulerOutput([], 0), {}, pad_to=size)
+            args = (inputs.input_ids, inputs.positions, inputs.attn_metadata)
+            self.model(*args)  # compile and autotune outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[size] = self.model(*args)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+        free_after, _ = torch.cuda.mem_get_info()
+        used = free_before - free_after
+        logger.info(
+            "Captured %d CUDA graphs for decode batch sizes %d..%d in %.1f s, using %.2f GiB",
+            len(self.graphs),
+            sizes[-1],
+            sizes[0],
+            time.perf_counter() - start,
+            used / 2**30,
+        )
+        if used > GRAPH_MEMORY_RESERVE:
+            logger.warning(
+                "CUDA graphs took %.2f GiB, more than the %.2f GiB the KV sizing left for them; "
+                "lower gpu_memory_utilization if memory runs out.",
+                used / 2**30,
+                GRAPH_MEMORY_RESERVE / 2**30,
+            )
+
+    def replay(self, bucket: int) -> torch.Tensor:
+        """Run the captured forward on what build(pad_to=bucket) just wrote: [bucket, hidden]."""
+        self.graphs[bucket].replay()
+        return self.outputs[bucket]
