@@ -116,6 +116,16 @@ def use_triton_for(x: torch.Tensor) -> bool:
     return USE_TRITON and x.is_cuda
 
 
+def set_triton_kernels(enabled: bool) -> bool:
+    """Switch the layer kernels (RMSNorm, rotary, SiLU-and-mul) between Triton and the torch
+    reference at run time, as FOLIO_TRITON_KERNELS does at import; returns the previous setting.
+    Takes effect for eager forwards and for CUDA graphs captured afterwards."""
+    global USE_TRITON
+    previous = USE_TRITON
+    USE_TRITON = bool(enabled) and HAS_TRITON
+    return previous
+
+
 def is_interpreted(kernel: Any) -> bool:
     return type(kernel).__name__ == "InterpretedFunction"
 

@@ -6,6 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from folio.kernels import activation as activation_kernel
+from folio.kernels.triton_compat import use_triton_for
+
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """[tokens, 2 * inter] (gate then up, as MergedColumnLinear stacks them) -> [tokens, inter]."""
@@ -17,6 +20,8 @@ class SiluAndMul(nn.Module):
     """The gated activation of a merged gate_up projection; a module so a kernel can replace it."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton_for(x):  # one fused pass on CUDA, same rounding as silu_and_mul
+            return activation_kernel.silu_and_mul_triton(x)
         return silu_and_mul(x)
 
 

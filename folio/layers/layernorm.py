@@ -1,10 +1,18 @@
-"""Normalization layers: RMSNorm (with an optional fused residual add) and OPT's LayerNorm."""
+"""Normalization layers: RMSNorm (with an optional fused residual add) and OPT's LayerNorm.
+
+On CUDA RMSNorm runs the fused Triton kernel (folio/kernels/rms_norm.py), which rounds exactly as
+the torch code below; elsewhere, or with the kernels switched off (FOLIO_TRITON_KERNELS=0,
+triton_compat.set_triton_kernels), the torch code runs.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from folio.kernels import rms_norm as rms_norm_kernel
+from folio.kernels.triton_compat import use_triton_for
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -31,6 +39,8 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if use_triton_for(x):  # x may be a strided [tokens, heads, head_dim] view (q/k norms)
+            return rms_norm_kernel.rms_norm_triton(x, self.weight, self.eps, residual)
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
         summed = x + residual  # [tokens, hidden]

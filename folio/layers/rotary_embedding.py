@@ -13,6 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from folio.kernels import rotary as rotary_kernel
+from folio.kernels.triton_compat import use_triton_for
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
 
@@ -170,6 +173,10 @@ class RotaryEmbedding(nn.Module):
         query: torch.Tensor,  # [tokens, num_heads * head_dim]
         key: torch.Tensor,  # [tokens, num_kv_heads * head_dim]
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated (query, key). On CUDA the Triton kernel rotates them in place (they may be
+        views of the fused qkv output) and returns them; the torch path returns new tensors."""
+        if use_triton_for(query):
+            return rotary_kernel.rotary_triton(query, key, positions, self.cos_sin_cache, self.head_dim)
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # [tokens, rotary_dim / 2] each
         tokens = positions.shape[0]
         q = apply_rotary(query.view(tokens, -1, self.head_dim), cos, sin)
