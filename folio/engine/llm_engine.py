@@ -6,6 +6,7 @@ synchronous and single-threaded; AsyncLLM drives it from the server's event loop
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from folio.engine.output_processor import OutputProcessor
 from folio.logger import init_logger
 from folio.outputs import RequestOutput
 from folio.sampling_params import SamplingParams
-from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer
+from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
 from folio.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
@@ -49,7 +50,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, max_logprobs: int = 20) -> None:
         start = time.perf_counter()
         self.config = config
-        self.tokenizer = get_tokenizer(config.model.tokenizer)
+        self.tokenizer = _load_tokenizer(config)
         self.runner = ModelRunner(config)
         self.num_blocks = self.runner.determine_num_blocks()
         self.runner.initialize_kv_cache(self.num_blocks)
@@ -152,3 +153,17 @@ class LLMEngine:
             kv_cache_usage=s.kv_usage,
             num_preemptions=s.num_preemptions,
         )
+
+
+def _load_tokenizer(config: EngineConfig) -> Any:
+    """The checkpoint's tokenizer; None (token-id prompts only, no text) when the model folder
+    has none and no other tokenizer was named, e.g. a config.json alone with --load-format dummy."""
+    path = config.model.tokenizer
+    if path == config.model.model and os.path.isdir(path) and not has_tokenizer_files(path):
+        logger.warning(
+            "No tokenizer files in %r: running without a tokenizer. Prompts must be token ids "
+            "({'prompt_token_ids': [...]}) and outputs carry no text; pass --tokenizer to add one.",
+            path,
+        )
+        return None
+    return get_tokenizer(path)
