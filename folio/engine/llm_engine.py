@@ -58,6 +58,7 @@ class LLMEngine:
         eos = eos_token_ids(self.tokenizer, config.model.generation_config)
         self.input_processor = InputProcessor(config.model, self.tokenizer, eos, max_logprobs)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self._request_errors: dict[str, Exception] = {}
         logger.info(
             "Engine ready in %.1f s: %s on %s, dtype %s, max_model_len %d, max_num_seqs %d, "
             "max_num_batched_tokens %d",
@@ -119,7 +120,20 @@ class LLMEngine:
         outputs, stopped = self.output_processor.process_outputs(core_outputs)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        for request_id, (error, core_ids) in self.output_processor.take_errors().items():
+            self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ABORTED)
+            self._request_errors[request_id] = error
         return outputs
+
+    def isolate_request_errors(self) -> None:
+        """From now on an exception while processing one request's output fails that request
+        only: step() drops it and take_request_errors() reports it (AsyncLLM relies on this)."""
+        self.output_processor.isolate_errors = True
+
+    def take_request_errors(self) -> dict[str, Exception]:
+        """Requests that failed in step() since the last call, by request id, with the cause."""
+        errors, self._request_errors = self._request_errors, {}
+        return errors
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()

@@ -59,6 +59,11 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.requests: dict[str, RequestState] = {}  # by user request id
         self.samples: dict[str, tuple[RequestState, SampleState]] = {}  # by core request id
+        # With isolate_errors (the server sets it), an exception while processing one request's
+        # output fails that request alone: it is forgotten and reported by take_errors().
+        # Offline callers keep the default and see the exception.
+        self.isolate_errors = False
+        self._errors: dict[str, tuple[Exception, list[str]]] = {}
 
     # ---- registration -----------------------------------------------------------------------
     def add_request(
@@ -133,15 +138,25 @@ class OutputProcessor:
             if entry is None:
                 continue  # aborted meanwhile
             state, sample = entry
-            self._update_metrics(state, out, now)
-            if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
-                state.prompt_logprobs.extend(self._prompt_logprobs(out.new_prompt_logprobs))
-            if self._update_sample(sample, out):
-                stopped_by_string.append(out.request_id)
+            try:
+                self._update_metrics(state, out, now)
+                if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
+                    state.prompt_logprobs.extend(self._prompt_logprobs(out.new_prompt_logprobs))
+                if self._update_sample(sample, out):
+                    stopped_by_string.append(out.request_id)
+            except Exception as e:
+                self._fail(state, e)
+                continue
             touched[state.request_id] = state
         outputs = []
         for state in touched.values():
-            output = self._make_output(state)
+            if state.request_id in self._errors:
+                continue
+            try:
+                output = self._make_output(state)
+            except Exception as e:
+                self._fail(state, e)
+                continue
             if output is not None:
                 outputs.append(output)
             if state.finished:
@@ -257,6 +272,17 @@ class OutputProcessor:
         sample.sent_text = max(sample.sent_text, text_end)
         sample.finish_sent = finished
         return delta
+
+    def _fail(self, state: RequestState, error: Exception) -> None:
+        if not self.isolate_errors:
+            raise error
+        self._errors[state.request_id] = (error, [s.request_id for s in state.samples])
+        self._forget(state)
+
+    def take_errors(self) -> dict[str, tuple[Exception, list[str]]]:
+        """Requests failed since the last call: user id -> (the exception, its core ids)."""
+        errors, self._errors = self._errors, {}
+        return errors
 
     def _forget(self, state: RequestState) -> None:
         self.requests.pop(state.request_id, None)
