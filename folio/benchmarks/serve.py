@@ -1,0 +1,116 @@
+"""The serving benchmark: send a workload to a running server at a rate, with a concurrency cap.
+
+Arrivals follow a Poisson process of `request_rate` requests/s (exponential gaps drawn from a
+seeded generator), or all at once for rate inf, as in vLLM's benchmark_serving; at most
+`max_concurrency` requests are in flight when a cap is given. The clock runs from the first send
+to the last response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from tqdm.auto import tqdm
+
+from folio.benchmarks.serve_client import RequestTrace, send_request
+from folio.benchmarks.serve_metrics import ServeMetrics, compute_metrics
+from folio.benchmarks.workloads import BenchRequest, Workload
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    base_url: str  # e.g. http://127.0.0.1:8000
+    model: str
+    endpoint: str = "/v1/completions"
+    request_rate: float = math.inf  # requests per second; inf sends everything at once
+    max_concurrency: int | None = None
+    seed: int = 0  # for the arrival times
+    timeout_s: float = 6 * 3600  # per request
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.request_rate > 0:
+            raise ValueError(f"request_rate must be positive (or inf), got {self.request_rate}.")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}.")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}.")
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + self.endpoint
+
+
+@dataclass(frozen=True)
+class ServeRun:
+    metrics: ServeMetrics
+    traces: list[RequestTrace]
+
+
+def arrival_offsets(num_requests: int, rate: float, seed: int) -> list[float]:
+    """Seconds after the start at which each request is sent."""
+    if math.isinf(rate):
+        return [0.0] * num_requests
+    rng = random.Random(seed)
+    offsets, t = [], 0.0
+    for _ in range(num_requests):
+        offsets.append(t)
+        t += rng.expovariate(rate)
+    return offsets
+
+
+def run_serve_benchmark(workload: Workload, options: ServeOptions) -> ServeRun:
+    return asyncio.run(_run(workload, options))
+
+
+async def _run(workload: Workload, options: ServeOptions) -> ServeRun:
+    limits = httpx.Limits(max_connections=options.max_concurrency, max_keepalive_connections=None)
+    timeout = httpx.Timeout(options.timeout_s, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        await _check_server(client, options)
+        bar = tqdm(total=workload.num_requests, desc="requests", disable=not options.progress, dynamic_ncols=True)
+        gate = asyncio.Semaphore(options.max_concurrency) if options.max_concurrency else None
+        offsets = arrival_offsets(workload.num_requests, options.request_rate, options.seed)
+        start = time.perf_counter()
+        tasks = [
+            asyncio.create_task(_send_at(client, options, r, start + offset, gate, bar))
+            for r, offset in zip(workload.requests, offsets)
+        ]
+        traces = list(await asyncio.gather(*tasks))
+        duration = time.perf_counter() - start
+        bar.close()
+    return ServeRun(compute_metrics(traces, duration), traces)
+
+
+async def _send_at(
+    client: httpx.AsyncClient,
+    options: ServeOptions,
+    request: BenchRequest,
+    when: float,
+    gate: asyncio.Semaphore | None,
+    bar: Any,
+) -> RequestTrace:
+    delay = when - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    if gate is None:
+        trace = await send_request(client, options.url, options.model, request)
+    else:
+        async with gate:
+            trace = await send_request(client, options.url, options.model, request)
+    bar.update(1)
+    return trace
+
+
+async def _check_server(client: httpx.AsyncClient, options: ServeOptions) -> None:
+    """Fail early, with a clear message, when nothing answers at base_url."""
+    try:
+        await client.get(options.base_url.rstrip("/") + "/v1/models", timeout=10.0)
+    except httpx.HTTPError as e:
+        raise ValueError(f"No server answers at {options.base_url}: {type(e).__name__}: {e}") from None
