@@ -1,0 +1,70 @@
+"""`folio bench throughput` end to end on tiny checkpoints, with the transformers peers."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from folio.entrypoints.cli.main import main
+from tests.helpers.checkpoints import make_tiny_checkpoint
+from tests.helpers.tokenizers import save_test_tokenizer
+
+pytestmark = pytest.mark.slow
+
+WORKLOAD_ARGS = ["--workload", "random", "--input-len", "24", "--output-len", "10", "--num-prompts", "5",
+                 "--range-ratio", "0.5", "--max-model-len", "128", "--device", "cpu", "--no-progress"]
+
+
+def _bench(args: list[str]) -> int:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "throughput", *args])
+    return exit_info.value.code
+
+
+def test_folio_and_both_transformers_peers(tmp_path, capsys):
+    model = make_tiny_checkpoint("llama", tmp_path / "llama")
+    save_test_tokenizer(model)
+    out = tmp_path / "result.json"
+    code = _bench(["--model", model, *WORKLOAD_ARGS, "--peer", "transformers", "--peer-num-requests", "3",
+                   "--peer-batch-size", "2", "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    folio, cb, static = data["results"]
+    assert [r["system"] for r in data["results"]] == [
+        "folio", "transformers continuous batching", "transformers generate"]
+    assert folio["num_requests"] == 5 and folio["output_tokens"] == data["workload"]["output_tokens"]
+    assert data["peer_workload"]["num_requests"] == 3
+    for r in (folio, cb, static):
+        assert r["error"] is None and r["all_lengths_exact"], r
+        assert r["output_tok_s"] == pytest.approx(r["output_tokens"] / r["elapsed_s"])
+    assert cb["output_tokens"] == static["output_tokens"] == data["peer_workload"]["output_tokens"]
+    ratios = data["folio_over_peer"]
+    assert ratios["transformers generate"] == pytest.approx(folio["output_tok_s"] / static["output_tok_s"])
+    assert data["floor"]["floor_time_s"] is None and data["floor"]["total_bytes"] > 0  # CPU: no device limits
+    assert "num_preemptions" in data["engine_stats"]
+    text = capsys.readouterr().out
+    assert "peers ran the first 3 requests only" in text
+    assert "every request produced exactly its requested tokens" in text
+
+
+def test_config_only_folder_with_dummy_weights(tmp_path, capsys):
+    """What the GPU runs do with folio/benchmarks/configs: no weights, no tokenizer."""
+    model = make_tiny_checkpoint("qwen3", tmp_path / "full")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((tmp_path / "full" / "config.json").read_text())
+    code = _bench(["--model", str(bare), "--load-format", "dummy", *WORKLOAD_ARGS,
+                   "--peer", "transformers", "--peer-modes", "generate", "--peer-num-requests", "2"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "transformers generate" in text and "failed" not in text
+    assert os.listdir(bare) == ["config.json"]
+
+
+def test_workload_must_fit_the_model(tmp_path, capsys):
+    model = make_tiny_checkpoint("llama", tmp_path / "llama")
+    save_test_tokenizer(model)
+    assert _bench(["--model", model, "--workload", "w1", "--device", "cpu", "--no-floor"]) == 2
+    assert "token id" in capsys.readouterr().err  # W1 draws ids up to 10000; this vocabulary has 1000
