@@ -23,6 +23,7 @@ class ThroughputReport:
     load_format: str
     workload: Workload
     folio: RunResult
+    folio_subset: RunResult | None = None  # folio on the peers' subset, when they ran one
     peers: list[RunResult] = field(default_factory=list)
     peer_workload: Workload | None = None  # what the peers ran: the workload or its first N requests
     limits: DeviceLimits | None = None
@@ -34,10 +35,11 @@ class ThroughputReport:
 
     # ---- comparisons ------------------------------------------------------------------------
     def ratio_to(self, peer: RunResult) -> float | None:
-        """folio's output tok/s over the peer's (each measured on what it ran)."""
-        if not peer.ok or peer.output_tok_s <= 0 or not self.folio.ok:
+        """folio's output tok/s over the peer's, both measured on the same requests."""
+        folio = self.folio_subset or self.folio
+        if not peer.ok or peer.output_tok_s <= 0 or not folio.ok:
             return None
-        return self.folio.output_tok_s / peer.output_tok_s
+        return folio.output_tok_s / peer.output_tok_s
 
     def floor_fraction(self) -> float | None:
         return self.floor.fraction(self.folio.output_tok_s) if self.floor else None
@@ -51,7 +53,7 @@ class ThroughputReport:
             "load_format": self.load_format,
             "workload": _workload_dict(self.workload),
             "peer_workload": _workload_dict(self.peer_workload) if self.peer_workload else None,
-            "results": [self.folio.to_dict()] + [p.to_dict() for p in self.peers],
+            "results": [r.to_dict() for r in self._runs()],
             "folio_over_peer": {p.system: self.ratio_to(p) for p in self.peers},
             "device_limits": self.limits.to_dict() if self.limits else None,
             "floor": self.floor.to_dict() if self.floor else None,
@@ -77,7 +79,8 @@ class ThroughputReport:
         if self.peers and self.peer_workload is not None and self.peer_workload is not self.workload:
             lines.append(
                 f"peers ran the first {self.peer_workload.num_requests} requests only "
-                f"({self.peer_workload.describe()}); their tok/s are measured on that subset."
+                f"({self.peer_workload.describe()}); their tok/s are measured on that subset, "
+                "and folio × compares them with folio on the same subset."
             )
         lines += ["", *self._floor_lines()]
         if self.engine_stats:
@@ -85,15 +88,18 @@ class ThroughputReport:
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
+    def _runs(self) -> list[RunResult]:
+        return [self.folio, *([self.folio_subset] if self.folio_subset else []), *self.peers]
+
     def _results_table(self) -> list[str]:
         header = (f"{'system':<34} {'requests':>8} {'elapsed s':>9} {'req/s':>8} {'output tok/s':>13} "
                   f"{'total tok/s':>12}  folio ×")
         rows = [header, "-" * len(header)]
-        for r in [self.folio, *self.peers]:
+        for r in self._runs():
             if r.error:
                 rows.append(f"{r.system:<34} {r.num_requests:>8} failed: {r.error}")
                 continue
-            ratio = "" if r is self.folio else _ratio(self.ratio_to(r))
+            ratio = "" if r.system.startswith(self.folio.system) else _ratio(self.ratio_to(r))
             rows.append(
                 f"{r.system:<34} {r.num_requests:>8} {r.elapsed_s:>9.2f} {r.requests_per_s:>8.2f} "
                 f"{r.output_tok_s:>13,.0f} {r.total_tok_s:>12,.0f}  {ratio}"
@@ -102,7 +108,7 @@ class ThroughputReport:
 
     def _checks(self) -> list[str]:
         lines = []
-        for r in [self.folio, *self.peers]:
+        for r in self._runs():
             if r.error:
                 continue
             if r.wrong_lengths:

@@ -28,6 +28,7 @@ _WARMUP_OUTPUT_LEN = 8
 @dataclass(frozen=True)
 class FolioRun:
     result: RunResult
+    subset_result: RunResult | None  # the same engine on the peers' subset, when there is one
     engine_stats: dict[str, Any]  # LLMEngine.stats() after the run, whatever fields it has
     model_path: str  # the resolved checkpoint folder, for the peers and the floor
     dtype: str  # the resolved dtype ("bfloat16", ...)
@@ -47,11 +48,16 @@ def run_folio(
     engine_args: EngineArgs,
     workload: Workload,
     *,
+    subset: Workload | None = None,
     detokenize: bool = True,
     warmup: bool = True,
     progress: bool = True,
 ) -> FolioRun:
-    """Build the engine, run the workload once, report, and free the engine's device memory."""
+    """Build the engine, run the workload once, report, and free the engine's device memory.
+
+    With `subset` (the first requests the peers will run), the engine also runs those alone
+    afterwards, so folio is compared with the peers on exactly the same requests.
+    """
     from folio import LLM
 
     llm = LLM(**vars(engine_args))
@@ -61,10 +67,13 @@ def run_folio(
             _warm_up(llm, config.model.vocab_size, detokenize)
         result = _timed_generate(llm, workload, detokenize, progress)
         stats = _stats_dict(llm)
+        subset_result = None
+        if subset is not None and subset is not workload:
+            subset_result = _timed_generate(llm, subset, detokenize, progress)
     finally:
         del llm
         release_device_memory()
-    return FolioRun(result, stats, config.model.model, config.model.dtype, config.device.device)
+    return FolioRun(result, subset_result, stats, config.model.model, config.model.dtype, config.device.device)
 
 
 def _warm_up(llm: Any, vocab_size: int, detokenize: bool) -> None:

@@ -31,17 +31,18 @@ def test_folio_and_both_transformers_peers(tmp_path, capsys):
                    "--peer-batch-size", "2", "--json", str(out)])
     assert code == 0
     data = json.loads(out.read_text())
-    folio, cb, static = data["results"]
+    folio, folio_subset, cb, static = data["results"]
     assert [r["system"] for r in data["results"]] == [
-        "folio", "transformers continuous batching", "transformers generate"]
+        "folio", "folio (peer subset)", "transformers continuous batching", "transformers generate"]
     assert folio["num_requests"] == 5 and folio["output_tokens"] == data["workload"]["output_tokens"]
     assert data["peer_workload"]["num_requests"] == 3
-    for r in (folio, cb, static):
+    for r in (folio, folio_subset, cb, static):
         assert r["error"] is None and r["all_lengths_exact"], r
         assert r["output_tok_s"] == pytest.approx(r["output_tokens"] / r["elapsed_s"])
-    assert cb["output_tokens"] == static["output_tokens"] == data["peer_workload"]["output_tokens"]
-    ratios = data["folio_over_peer"]
-    assert ratios["transformers generate"] == pytest.approx(folio["output_tok_s"] / static["output_tok_s"])
+    subset_tokens = data["peer_workload"]["output_tokens"]
+    assert folio_subset["output_tokens"] == cb["output_tokens"] == static["output_tokens"] == subset_tokens
+    ratios = data["folio_over_peer"]  # like for like: folio on the peers' subset
+    assert ratios["transformers generate"] == pytest.approx(folio_subset["output_tok_s"] / static["output_tok_s"])
     assert data["floor"]["floor_time_s"] is None and data["floor"]["total_bytes"] > 0  # CPU: no device limits
     assert "num_preemptions" in data["engine_stats"]
     text = capsys.readouterr().out

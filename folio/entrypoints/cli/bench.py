@@ -7,6 +7,7 @@ docs/benchmarks.md says what each number means and gives the commands of the ref
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -74,13 +75,17 @@ def run_throughput(args: argparse.Namespace) -> int:
     if max_len > config.model.max_model_len:
         raise ValueError(f"The workload needs {max_len} tokens of context; the model allows {config.model.max_model_len}.")
     _say(f"workload: {workload.describe()}")
+    peer_workload = workload.head(args.peer_num_requests) if args.peer else None
     limits = None if args.no_floor else _measure(config.device.device)
-    folio = run_folio(engine_args, workload, detokenize=not args.disable_detokenize,
+    folio = run_folio(engine_args, workload, subset=peer_workload, detokenize=not args.disable_detokenize,
                       warmup=not args.no_warmup, progress=not args.no_progress)
     report = ThroughputReport(
         model=folio.model_path, dtype=folio.dtype, device=folio.device, load_format=engine_args.load_format,
         workload=workload, folio=folio.result, limits=limits, engine_stats=folio.engine_stats,
+        peer_workload=peer_workload,
     )
+    if folio.subset_result is not None:
+        report.folio_subset = dataclasses.replace(folio.subset_result, system="folio (peer subset)")
     if args.peer:
         _run_peers(report, engine_args, args, peer_modes)
     if not args.no_floor:
@@ -132,7 +137,6 @@ def _run_peers(report: Any, engine_args: Any, args: argparse.Namespace, modes: t
     if left:
         report.notes.append(f"{left / 2**30:.2f} GiB of GPU memory still allocated after folio was freed")
     spec = PeerSpec(report.model, report.dtype, report.device, engine_args.load_format == "dummy", engine_args.seed)
-    report.peer_workload = report.workload.head(args.peer_num_requests)
     _say(f"transformers on {report.peer_workload.describe()}")
     report.peers = run_transformers(spec, report.peer_workload, modes=modes,
                                     batch_size=args.peer_batch_size, progress=not args.no_progress)
