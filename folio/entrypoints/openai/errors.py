@@ -1,0 +1,184 @@
+"""Errors at the HTTP edge: every failure leaves as `{"error": {message, type, param, code}}`.
+
+Handlers raise an APIError subclass; `install_error_handlers` turns those, FastAPI's request
+validation errors (400, never 422), Starlette's routing errors (404, 405) and anything
+unexpected (500) into that one shape.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from folio.engine.async_llm import EngineDeadError, QueueFullError
+from folio.logger import init_logger
+
+logger = init_logger(__name__)
+
+# Seconds a client is told to wait when the waiting queue is full.
+RETRY_AFTER_SECONDS = 1
+
+
+class APIError(Exception):
+    status_code = 500
+    type = "server_error"
+    default_code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+
+
+class BadRequestError(APIError):
+    status_code = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationError(APIError):
+    status_code = 401
+    type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class NotFoundError(APIError):
+    status_code = 404
+    type = "invalid_request_error"
+
+
+class MethodNotAllowedError(APIError):
+    status_code = 405
+    type = "invalid_request_error"
+
+
+class InternalServerError(APIError):
+    status_code = 500
+    type = "server_error"
+
+
+class ServiceUnavailableError(APIError):
+    status_code = 503
+    type = "server_error"
+
+
+def model_not_found(name: str, served: str) -> NotFoundError:
+    return NotFoundError(
+        f"The model {name!r} does not exist; this server serves {served!r}.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def from_engine_error(error: BaseException) -> APIError:
+    """The APIError for what AsyncLLM.add_request raised."""
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, QueueFullError):
+        return ServiceUnavailableError(
+            str(error), code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+        )
+    if isinstance(error, EngineDeadError):
+        return ServiceUnavailableError(str(error), code="engine_unavailable")
+    if isinstance(error, ValueError):  # LLMEngine.add_request refused the request
+        return BadRequestError(str(error), param=getattr(error, "param", None))
+    return internal_error(error)
+
+
+def internal_error(error: BaseException) -> InternalServerError:
+    logger.error("Request failed: %r", error, exc_info=error)
+    return InternalServerError(f"Internal error while serving the request: {type(error).__name__}: {error}")
+
+
+# ---- the handlers ---------------------------------------------------------------------------
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return exc.response()
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return validation_error(exc.errors()).response()
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 404:
+        error: APIError = NotFoundError(f"No route {request.method} {request.url.path}.")
+    elif exc.status_code == 405:
+        error = MethodNotAllowedError(f"Method {request.method} is not allowed on {request.url.path}.")
+    else:
+        error = APIError(str(exc.detail))
+        error.status_code = exc.status_code
+        error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return error.response()
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    return internal_error(exc).response()
+
+
+def validation_error(errors: list[dict[str, Any]]) -> BadRequestError:
+    """FastAPI/pydantic errors -> one 400 naming the first offending field."""
+    if not errors:
+        return BadRequestError("The request is invalid.")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
+        return BadRequestError(f"The request body is not valid JSON: {detail}".rstrip(": "))
+    param = _param(first.get("loc", ()))
+    message = first.get("msg", "Invalid value")
+    if param is None:
+        return BadRequestError(f"The request body is invalid: {message}.")
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return BadRequestError(f"Invalid value for {param!r}: {message}.", param=param)
+
+
+def _param(loc: Any) -> str | None:
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'; the body itself -> None."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    # Unions add their branch names ("str", "list[int]", ...) to the location: not fields.
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _is_branch_name(str(part)):
+            continue
+        else:
+            text += f".{part}" if text else str(part)
+    return text or None
+
+
+_BRANCH_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_branch_name(part: str) -> bool:
+    # "list[int]", "function-after[...]", or a model's class name (TokenizeChatRequest).
+    return part in _BRANCH_NAMES or "[" in part or part[:1].isupper()
+
+
+def sse_error(error: APIError) -> str:
+    """The server-sent event that reports an error after streaming began."""
+    return f"data: {json.dumps(error.body())}\n\n"

@@ -1,0 +1,151 @@
+"""POST /v1/chat/completions: a conversation in, assistant messages out (whole, or streamed).
+
+Streaming follows OpenAI's chunks: each choice's first chunk carries the role (sent once its
+first token exists), then content deltas, the last one with finish_reason; with
+stream_options.include_usage one more chunk with no choices and the usage; then [DONE].
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from folio.engine.async_llm import RequestStream
+from folio.entrypoints.openai.errors import BadRequestError, from_engine_error, sse_error
+from folio.entrypoints.openai.logprobs import chat_logprobs
+from folio.entrypoints.openai.protocol import (
+    ChatChoice,
+    ChatChoiceLogprobs,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    DeltaMessage,
+    UsageInfo,
+    make_usage,
+)
+from folio.entrypoints.openai.serving_engine import EnginePrompt, OpenAIServing, random_id
+from folio.entrypoints.openai.streaming import DONE, EventStreamResponse, final_outputs, sse
+from folio.outputs import CompletionOutput, RequestOutput
+from folio.sampling_params import SamplingParams
+
+
+class OpenAIServingChat(OpenAIServing):
+    async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | EventStreamResponse:
+        self.check_model(request.model)
+        self.check_stream_options(request)
+        text = self.render_chat(
+            request.messages,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            chat_template_kwargs=request.chat_template_kwargs,
+        )
+        prompt = EnginePrompt(self.encode(text, add_special_tokens=False), text)
+        params = self._params(request, prompt)
+        request_id = random_id("chatcmpl")
+        streams = await self.add_requests(request_id, [prompt], [params], request.priority)
+        call = _Call(request, request_id, int(time.time()), self.model_name)
+        if request.stream:
+            return EventStreamResponse(self._events(call, streams[0]), streams)
+        (output,) = await final_outputs(streams)
+        return self._response(call, output)
+
+    def _params(self, request: ChatCompletionRequest, prompt: EnginePrompt) -> SamplingParams:
+        if request.max_completion_tokens is not None:
+            requested, param = request.max_completion_tokens, "max_completion_tokens"
+        else:
+            requested, param = request.max_tokens, "max_tokens"
+        max_tokens = self.fit_max_tokens(
+            len(prompt.token_ids), requested, None, prompt_param="messages", max_tokens_param=param
+        )
+        if request.top_logprobs is not None and not request.logprobs:
+            raise BadRequestError("top_logprobs needs logprobs set to true.", param="top_logprobs")
+        logprobs = (request.top_logprobs or 0) if request.logprobs else None
+        try:
+            return self.sampling_params(request, max_tokens, logprobs=logprobs)
+        except BadRequestError as e:
+            if e.param == "max_tokens":
+                e.param = param
+            elif e.param == "logprobs":
+                e.param = "top_logprobs"
+            raise
+
+    # ---- a whole response -----------------------------------------------------------------
+    def _response(self, call: _Call, output: RequestOutput) -> ChatCompletionResponse:
+        choices = [
+            ChatChoice(
+                index=c.index,
+                message=ChatResponseMessage(content=c.text),
+                logprobs=self._logprobs(call, c),
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+            for c in output.outputs
+        ]
+        return ChatCompletionResponse(
+            id=call.request_id, created=call.created, model=call.model, choices=choices, usage=_usage(output)
+        )
+
+    def _logprobs(self, call: _Call, c: CompletionOutput) -> ChatChoiceLogprobs | None:
+        if not call.request.logprobs:
+            return None
+        content = chat_logprobs(self.tokenizer, c.token_ids, c.logprobs or [], call.request.top_logprobs or 0)
+        return ChatChoiceLogprobs(content=content)
+
+    # ---- a stream of events ---------------------------------------------------------------
+    async def _events(self, call: _Call, stream: RequestStream) -> AsyncIterator[str]:
+        role_sent: set[int] = set()
+        completion_tokens = 0
+        last: RequestOutput | None = None
+        try:
+            async for output in stream:
+                last = output
+                for c in output.outputs:
+                    completion_tokens += len(c.token_ids)
+                    if c.index not in role_sent:
+                        role_sent.add(c.index)
+                        yield self._event(call, ChatStreamChoice(
+                            index=c.index, delta=DeltaMessage(role="assistant", content="")))
+                    choice = self._delta_choice(call, c)
+                    if choice is not None:
+                        yield self._event(call, choice)
+            if call.request.include_usage_in_stream and last is not None:
+                usage = _usage(last, completion_tokens)
+                yield sse(ChatCompletionStreamResponse(
+                    id=call.request_id, created=call.created, model=call.model, choices=[], usage=usage))
+        except Exception as e:  # after the 200 went out, errors travel as an event
+            yield sse_error(from_engine_error(e))
+        yield DONE
+
+    def _event(self, call: _Call, choice: ChatStreamChoice) -> str:
+        chunk = ChatCompletionStreamResponse(
+            id=call.request_id, created=call.created, model=call.model, choices=[choice]
+        )
+        return sse(chunk, exclude=None if call.request.include_usage_in_stream else {"usage"})
+
+    def _delta_choice(self, call: _Call, c: CompletionOutput) -> ChatStreamChoice | None:
+        logprobs = self._logprobs(call, c)
+        if not c.text and c.finish_reason is None and not (logprobs and logprobs.content):
+            return None
+        return ChatStreamChoice(
+            index=c.index,
+            delta=DeltaMessage(content=c.text) if c.text else DeltaMessage(),
+            logprobs=logprobs,
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+        )
+
+
+class _Call:
+    def __init__(self, request: ChatCompletionRequest, request_id: str, created: int, model: str) -> None:
+        self.request = request
+        self.request_id = request_id
+        self.created = created
+        self.model = model
+
+
+def _usage(output: RequestOutput, completion_tokens: int | None = None) -> UsageInfo:
+    if completion_tokens is None:
+        completion_tokens = sum(len(c.token_ids) for c in output.outputs)
+    return make_usage(len(output.prompt_token_ids), completion_tokens, output.num_cached_tokens)

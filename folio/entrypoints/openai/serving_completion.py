@@ -1,0 +1,172 @@
+"""POST /v1/completions: prompts in, text completions out (whole, or streamed as events).
+
+Choices are numbered prompt by prompt: prompt i's sample j is choice i * n + j.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from folio.entrypoints.openai.errors import BadRequestError, from_engine_error, sse_error
+from folio.entrypoints.openai.logprobs import completion_logprobs
+from folio.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionStreamResponse,
+    make_usage,
+)
+from folio.entrypoints.openai.serving_engine import EnginePrompt, OpenAIServing, random_id
+from folio.entrypoints.openai.streaming import DONE, EventStreamResponse, final_outputs, iterate_streams, sse
+from folio.engine.async_llm import RequestStream
+from folio.outputs import CompletionOutput, RequestOutput
+
+# OpenAI's default for /v1/completions.
+DEFAULT_MAX_TOKENS = 16
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create(self, request: CompletionRequest) -> CompletionResponse | EventStreamResponse:
+        self.check_model(request.model)
+        self._check_supported(request)
+        prompts = self._prompts(request)
+        params = [self._params(request, p) for p in prompts]
+        request_id = random_id("cmpl")
+        streams = await self.add_requests(request_id, prompts, params, request.priority)
+        call = _Call(request, request_id, int(time.time()), self.model_name, prompts)
+        if request.stream:
+            return EventStreamResponse(self._events(call, streams), streams)
+        outputs = await final_outputs(streams)
+        return self._response(call, outputs)
+
+    # ---- before the engine ----------------------------------------------------------------
+    def _check_supported(self, request: CompletionRequest) -> None:
+        self.check_stream_options(request)
+        if request.suffix:
+            raise BadRequestError("suffix is not supported.", param="suffix")
+        if request.best_of is not None and request.best_of != request.n:
+            raise BadRequestError("best_of other than n is not supported.", param="best_of")
+
+    def _prompts(self, request: CompletionRequest) -> list[EnginePrompt]:
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            return [EnginePrompt(self.encode(prompt), prompt)]
+        if not prompt:
+            raise BadRequestError("prompt must not be empty.", param="prompt")
+        if all(isinstance(p, int) for p in prompt):
+            return [self._token_prompt(prompt, request.echo)]
+        if all(isinstance(p, str) for p in prompt):
+            return [EnginePrompt(self.encode(p), p) for p in prompt]
+        return [self._token_prompt(p, request.echo) for p in prompt]
+
+    def _token_prompt(self, token_ids: list[int], echo: bool) -> EnginePrompt:
+        self.check_token_ids(token_ids, "prompt")
+        return EnginePrompt(list(token_ids), self.decode(token_ids) if echo and token_ids else None)
+
+    def _params(self, request: CompletionRequest, prompt: EnginePrompt):
+        max_tokens = self.fit_max_tokens(
+            len(prompt.token_ids), request.max_tokens, DEFAULT_MAX_TOKENS, prompt_param="prompt"
+        )
+        echo_logprobs = request.logprobs if request.echo else None
+        return self.sampling_params(request, max_tokens, logprobs=request.logprobs, prompt_logprobs=echo_logprobs)
+
+    # ---- a whole response -----------------------------------------------------------------
+    def _response(self, call: _Call, outputs: list[RequestOutput]) -> CompletionResponse:
+        choices = []
+        for i, output in enumerate(outputs):
+            for c in output.outputs:
+                choices.append(self._final_choice(call, i, output, c))
+        return CompletionResponse(
+            id=call.request_id, created=call.created, model=call.model,
+            choices=choices, usage=_usage(outputs),
+        )
+
+    def _final_choice(self, call: _Call, i: int, output: RequestOutput, c: CompletionOutput) -> CompletionChoice:
+        request = call.request
+        echo = request.echo
+        text = (call.prompt_text(i) + c.text) if echo else c.text
+        logprobs = None
+        if request.logprobs is not None:
+            ids, entries = list(c.token_ids), list(c.logprobs or [])
+            if echo:
+                ids = list(output.prompt_token_ids) + ids
+                entries = list(output.prompt_logprobs or [None] * len(output.prompt_token_ids)) + entries
+            logprobs, _ = completion_logprobs(self.tokenizer, ids, entries, 0)
+        return CompletionChoice(
+            index=i * request.n + c.index, text=text, logprobs=logprobs,
+            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+        )
+
+    # ---- a stream of events ---------------------------------------------------------------
+    async def _events(self, call: _Call, streams: list[RequestStream]) -> AsyncIterator[str]:
+        finished: list[RequestOutput] = []
+        completion_tokens = 0
+        try:
+            async for i, output in iterate_streams(streams):
+                for c in output.outputs:
+                    completion_tokens += len(c.token_ids)
+                    choice = self._delta_choice(call, i, output, c)
+                    if choice is not None:
+                        yield sse(self._chunk(call, [choice]), exclude={"usage"})
+                if output.finished:
+                    finished.append(output)
+            if call.request.include_usage_in_stream:
+                usage = _usage(finished, completion_tokens)
+                yield sse(self._chunk(call, [], usage))
+        except Exception as e:  # after the 200 went out, errors travel as an event
+            yield sse_error(from_engine_error(e))
+        yield DONE
+
+    def _chunk(self, call: _Call, choices: list[CompletionChoice], usage=None) -> CompletionStreamResponse:
+        return CompletionStreamResponse(
+            id=call.request_id, created=call.created, model=call.model, choices=choices, usage=usage
+        )
+
+    def _delta_choice(self, call: _Call, i: int, output: RequestOutput, c: CompletionOutput) -> CompletionChoice | None:
+        """The event for one delta, or None when it has nothing to show (text held back)."""
+        request = call.request
+        index = i * request.n + c.index
+        first = index not in call.offsets
+        offset = call.offsets.setdefault(index, 0)
+        text = c.text
+        ids, entries = list(c.token_ids), list(c.logprobs or [])
+        if first and request.echo:
+            text = call.prompt_text(i) + text
+            ids = list(output.prompt_token_ids) + ids
+            entries = list(output.prompt_logprobs or [None] * len(output.prompt_token_ids)) + entries
+        logprobs: CompletionLogprobs | None = None
+        if request.logprobs is not None:
+            logprobs, call.offsets[index] = completion_logprobs(self.tokenizer, ids, entries, offset)
+        if not text and c.finish_reason is None and not (logprobs and logprobs.tokens):
+            return None
+        return CompletionChoice(
+            index=index, text=text, logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason
+        )
+
+
+class _Call:
+    """One /v1/completions call: what its events and choices need to know."""
+
+    def __init__(self, request: CompletionRequest, request_id: str, created: int, model: str,
+                 prompts: list[EnginePrompt]) -> None:
+        self.request = request
+        self.request_id = request_id
+        self.created = created
+        self.model = model
+        self.prompts = prompts
+        self.offsets: dict[int, int] = {}  # choice index -> legacy text_offset reached
+
+    def prompt_text(self, i: int) -> str:
+        return self.prompts[i].text or ""
+
+
+def _usage(outputs: list[RequestOutput], completion_tokens: int | None = None):
+    if completion_tokens is None:
+        completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return make_usage(
+        prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs),
+        completion_tokens=completion_tokens,
+        cached_tokens=sum(o.num_cached_tokens for o in outputs),
+    )

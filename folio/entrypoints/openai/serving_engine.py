@@ -1,0 +1,160 @@
+"""OpenAIServing: what every endpoint does before and around the engine.
+
+Checks the model name, turns prompts and conversations into token ids, fits max_tokens into
+the context, builds SamplingParams (errors named by field), and adds requests to the AsyncLLM
+all or nothing. Prompts are tokenized here, on the event loop, so the engine thread only steps.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from folio.engine.async_llm import AsyncLLM, RequestStream
+from folio.entrypoints.openai.errors import BadRequestError, from_engine_error, model_not_found
+from folio.entrypoints.openai.protocol import ChatMessage, SamplingRequest
+from folio.sampling_params import SamplingParams, SamplingParamsError
+from folio.transformers_utils.chat_template import ChatTemplateError, render_chat
+
+# render_chat's own arguments: chat_template_kwargs may not override them.
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "template", "messages", "add_generation_prompt", "continue_final_message",
+    "tools", "documents", "bos_token", "eos_token",
+})
+
+
+@dataclass(frozen=True)
+class EnginePrompt:
+    """A prompt ready for the engine: its token ids, and its text where there is one."""
+
+    token_ids: list[int]
+    text: str | None = None
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLM, model_name: str, chat_template: str | None = None) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.chat_template = chat_template
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.model_config.max_model_len
+        self.vocab_size = engine.model_config.vocab_size
+        self.default_params = engine.default_sampling_params()
+
+    # ---- checks ---------------------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        """None means the served model (vLLM's leniency); any other name must match."""
+        if model is not None and model != self.model_name:
+            raise model_not_found(model, self.model_name)
+
+    def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
+        for token_id in token_ids:
+            if not 0 <= token_id < self.vocab_size:
+                raise BadRequestError(
+                    f"Token id {token_id} is outside the vocabulary [0, {self.vocab_size}).", param=param
+                )
+
+    def fit_max_tokens(
+        self, num_prompt_tokens: int, requested: int | None, default: int | None,
+        *, prompt_param: str, max_tokens_param: str = "max_tokens",
+    ) -> int:
+        """max_tokens for a prompt: the requested value if it fits the context, else a 400.
+
+        With nothing requested: `default`, cut to the room left (None: all the room left).
+        """
+        noun = "messages" if prompt_param == "messages" else "prompt"
+        if num_prompt_tokens == 0:
+            raise BadRequestError(f"The {noun} is empty: at least one token is needed.", param=prompt_param)
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens, and the "
+                f"{noun} is {num_prompt_tokens} tokens long: no room is left for the completion.",
+                param=prompt_param, code="context_length_exceeded",
+            )
+        if requested is None:
+            return room if default is None else min(default, room)
+        if requested > room:
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the "
+                f"{noun}, {requested} for the completion). Reduce the length of the {noun} or "
+                f"{max_tokens_param}.",
+                param=max_tokens_param, code="context_length_exceeded",
+            )
+        return requested
+
+    def check_stream_options(self, request: SamplingRequest) -> None:
+        if request.stream_options is not None and not request.stream:
+            raise BadRequestError("stream_options is only allowed when stream is true.", param="stream_options")
+
+    def sampling_params(self, request: SamplingRequest, max_tokens: int, **kwargs: Any) -> SamplingParams:
+        try:
+            return request.to_sampling_params(max_tokens, self.default_params, **kwargs)
+        except SamplingParamsError as e:
+            raise BadRequestError(str(e), param=e.param) from None
+
+    # ---- prompts --------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def render_chat(
+        self,
+        messages: list[ChatMessage],
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template_kwargs: dict[str, Any] | None,
+    ) -> str:
+        kwargs = dict(chat_template_kwargs or {})
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
+        if reserved:
+            raise BadRequestError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}.", param="chat_template_kwargs"
+            )
+        try:
+            return render_chat(
+                self.chat_template,
+                messages,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message,
+                bos_token=getattr(self.tokenizer, "bos_token", None),
+                eos_token=getattr(self.tokenizer, "eos_token", None),
+                **kwargs,
+            )
+        except ChatTemplateError as e:
+            raise BadRequestError(str(e), param="messages") from None
+
+    # ---- the engine -----------------------------------------------------------------------
+    async def add_requests(
+        self,
+        request_id: str,
+        prompts: list[EnginePrompt],
+        params: list[SamplingParams],
+        priority: int = 0,
+    ) -> list[RequestStream]:
+        """Add one engine request per prompt (ids `{request_id}-{i}` when several): all or none."""
+        streams: list[RequestStream] = []
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params)):
+                engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                engine_prompt = {"prompt_token_ids": prompt.token_ids}
+                if prompt.text is not None:
+                    engine_prompt["prompt"] = prompt.text
+                streams.append(await self.engine.add_request(engine_id, engine_prompt, p, priority))
+        except BaseException as e:
+            for stream in streams:
+                stream.abort()
+            if isinstance(e, Exception):
+                raise from_engine_error(e) from None
+            raise
+        return streams

@@ -1,0 +1,87 @@
+"""Server-sent events and the request streams behind them.
+
+EventStreamResponse aborts its engine requests however the response ends: finished, failed,
+cancelled because the client went away (Starlette cancels the body on http.disconnect), or
+never started at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from folio.engine.async_llm import RequestStream
+from folio.outputs import RequestOutput
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(chunk: BaseModel, *, exclude: set[str] | None = None) -> str:
+    return f"data: {chunk.model_dump_json(exclude=exclude)}\n\n"
+
+
+class EventStreamResponse(StreamingResponse):
+    def __init__(self, events: AsyncIterator[str], streams: list[RequestStream]) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._events = events
+        self._streams = streams
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            abort_all(self._streams)
+            await self._events.aclose()
+
+
+def abort_all(streams: list[RequestStream]) -> None:
+    for stream in streams:
+        stream.abort()  # a no-op for a finished stream
+
+
+async def iterate_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from several streams, as each produces them."""
+    if len(streams) == 1:
+        async for output in streams[0]:
+            yield 0, output
+        return
+    pending = {asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                try:
+                    output = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(streams[i]))] = i
+                yield i, output
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+async def final_outputs(streams: list[RequestStream]) -> list[RequestOutput]:
+    """The last output of each stream (FINAL_ONLY requests have just one); aborts on the way out."""
+    try:
+        return list(await asyncio.gather(*(_last(s) for s in streams)))
+    finally:
+        abort_all(streams)
+
+
+async def _last(stream: RequestStream) -> RequestOutput:
+    last = None
+    async for output in stream:
+        last = output
+    if last is None:
+        raise RuntimeError(f"Request {stream.request_id} ended without an output.")
+    return last

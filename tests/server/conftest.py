@@ -1,0 +1,38 @@
+"""One tiny checkpoint and one running server shared by the server tests (module scope each)."""
+
+from __future__ import annotations
+
+import pytest
+from openai import OpenAI
+
+from tests.helpers.checkpoints import make_tiny_checkpoint
+from tests.helpers.tokenizers import save_test_tokenizer
+from tests.server.harness import ServerThread, make_engine
+
+API_KEY = "unused"  # the shared server has no key; the openai client insists on one
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("server-llama"))
+    make_tiny_checkpoint("llama", path)
+    save_test_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def server(checkpoint):
+    with ServerThread(make_engine(checkpoint, max_waiting_requests=1024)) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def model_name(server) -> str:
+    return server.engine.model_config.served_model_name
+
+
+@pytest.fixture
+def client(server) -> OpenAI:
+    with OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as c:
+        yield c
+
