@@ -96,3 +96,22 @@ def test_cli_says_when_no_server_answers(capsys):
               "--input-len", "4", "--output-len", "2", "--num-prompts", "1", "--no-progress"])
     assert exit_info.value.code == 2
     assert "No server answers" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_against_folios_own_server(tmp_path):
+    from tests.helpers.checkpoints import make_tiny_checkpoint
+    from tests.helpers.tokenizers import save_test_tokenizer
+    from tests.server.harness import ServerThread, make_engine
+
+    model = make_tiny_checkpoint("llama", tmp_path / "llama")
+    save_test_tokenizer(model)
+    workload = random_workload(16, 8, 6, range_ratio=0.5, vocab_limit=1000, seed=2)
+    with ServerThread(make_engine(model)) as server:
+        name = server.engine.model_config.served_model_name
+        run = run_serve_benchmark(workload, ServeOptions(base_url=server.url, model=name, progress=False,
+                                                         max_concurrency=4))
+    m = run.metrics
+    assert (m.completed, m.failed, m.usage_missing) == (6, 0, 0), m.errors
+    assert m.exact_lengths == 6 and m.output_tokens == workload.output_tokens
+    assert m.itl.count > 0 and m.ttft.count == 6
