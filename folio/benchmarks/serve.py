@@ -32,6 +32,7 @@ class ServeOptions:
     max_concurrency: int | None = None
     seed: int = 0  # for the arrival times
     timeout_s: float = 6 * 3600  # per request
+    ready_timeout_s: float = 0.0  # how long to wait for the server to come up before failing
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -51,6 +52,7 @@ class ServeOptions:
 class ServeRun:
     metrics: ServeMetrics
     traces: list[RequestTrace]
+    server_wait_s: float  # how long the server took to answer /v1/models
 
 
 def arrival_offsets(num_requests: int, rate: float, seed: int) -> list[float]:
@@ -73,7 +75,7 @@ async def _run(workload: Workload, options: ServeOptions) -> ServeRun:
     limits = httpx.Limits(max_connections=options.max_concurrency, max_keepalive_connections=None)
     timeout = httpx.Timeout(options.timeout_s, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        await _check_server(client, options)
+        waited = await _wait_for_server(client, options)
         bar = tqdm(total=workload.num_requests, desc="requests", disable=not options.progress, dynamic_ncols=True)
         gate = asyncio.Semaphore(options.max_concurrency) if options.max_concurrency else None
         offsets = arrival_offsets(workload.num_requests, options.request_rate, options.seed)
@@ -85,7 +87,7 @@ async def _run(workload: Workload, options: ServeOptions) -> ServeRun:
         traces = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - start
         bar.close()
-    return ServeRun(compute_metrics(traces, duration), traces)
+    return ServeRun(compute_metrics(traces, duration), traces, waited)
 
 
 async def _send_at(
@@ -108,9 +110,19 @@ async def _send_at(
     return trace
 
 
-async def _check_server(client: httpx.AsyncClient, options: ServeOptions) -> None:
-    """Fail early, with a clear message, when nothing answers at base_url."""
-    try:
-        await client.get(options.base_url.rstrip("/") + "/v1/models", timeout=10.0)
-    except httpx.HTTPError as e:
-        raise ValueError(f"No server answers at {options.base_url}: {type(e).__name__}: {e}") from None
+async def _wait_for_server(client: httpx.AsyncClient, options: ServeOptions) -> float:
+    """Seconds until GET /v1/models answered 200, polling up to ready_timeout_s; fail clearly."""
+    url = options.base_url.rstrip("/") + "/v1/models"
+    start = time.perf_counter()
+    deadline = start + options.ready_timeout_s
+    while True:
+        try:
+            response = await client.get(url, timeout=10.0)
+            if response.status_code == 200:
+                return time.perf_counter() - start
+            problem = f"HTTP {response.status_code}"
+        except httpx.HTTPError as e:
+            problem = f"{type(e).__name__}: {e}"
+        if time.perf_counter() >= deadline:
+            raise ValueError(f"No server answers at {options.base_url} ({problem}).")
+        await asyncio.sleep(0.5)

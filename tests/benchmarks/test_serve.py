@@ -93,7 +93,8 @@ def _closed_port() -> int:
 def test_cli_says_when_no_server_answers(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "serve", "--base-url", f"http://127.0.0.1:{_closed_port()}", "--model", "m", "--workload", "random",
-              "--input-len", "4", "--output-len", "2", "--num-prompts", "1", "--no-progress"])
+              "--input-len", "4", "--output-len", "2", "--num-prompts", "1", "--no-progress",
+              "--ready-timeout", "0.6"])  # polls a few times, then gives up
     assert exit_info.value.code == 2
     assert "No server answers" in capsys.readouterr().err
 

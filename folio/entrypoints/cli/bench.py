@@ -164,6 +164,8 @@ def _register_serve(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival times")
     p.add_argument("--vocab-size", type=int, default=None, help="random: keep token ids below this")
+    p.add_argument("--ready-timeout", type=float, default=0.0,
+                   help="wait up to this many seconds for the server to answer /v1/models")
     _add_workload_args(p)
     p.set_defaults(run=run_serve)
 
@@ -176,16 +178,19 @@ def run_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         base_url=args.base_url, model=args.model, endpoint=args.endpoint,
         request_rate=_rate(args.request_rate), max_concurrency=args.max_concurrency,
-        seed=args.seed, progress=not args.no_progress,
+        seed=args.seed, ready_timeout_s=args.ready_timeout, progress=not args.no_progress,
     )
     _say(f"workload: {workload.describe()}; rate {args.request_rate} req/s, "
          f"max concurrency {args.max_concurrency or 'unlimited'}")
     run = run_serve_benchmark(workload, options)
+    if args.ready_timeout > 0:
+        _say(f"the server answered {run.server_wait_s:.1f} s after the benchmark started waiting")
     print(format_metrics(run.metrics))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump({"base_url": args.base_url, "model": args.model, "workload": workload.name,
                        "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
+                       "server_wait_s": run.server_wait_s,
                        **run.metrics.to_dict()}, f, indent=2)
             f.write("\n")
     return 0 if run.metrics.failed == 0 and run.metrics.exact_lengths == run.metrics.completed else 1
