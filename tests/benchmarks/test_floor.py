@@ -91,3 +91,14 @@ def test_no_device_no_floor_time(qwen3):
     floor = compute_floor(qwen3, workload_cost(w1()), None)
     assert floor.total_bytes > 0 and floor.floor_time_s is None and floor.fraction(1.0) is None
     assert measure_device("cpu") is None
+
+
+@pytest.mark.gpu
+def test_device_measurement_on_a_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    limits = measure_device("cuda")
+    assert limits is not None and limits.name
+    assert 1e11 < limits.copy_bandwidth < 1e14  # 0.1 .. 100 TB/s: a real measurement, in bytes/s
+    assert 1e12 < limits.matmul_flops < 1e16
