@@ -129,8 +129,10 @@ def _run_continuous_batching(model: Any, workload: Workload, *, progress: bool) 
 
 def _cb_manager(model: Any, gen_config: Any, workload: Workload) -> Any:
     """transformers' context manager (warm-up, start, stop), with the kwargs this version has."""
-    kwargs: dict[str, Any] = {"generation_config": gen_config, "block": True}
     params = inspect.signature(model.continuous_batching_context_manager).parameters
+    kwargs: dict[str, Any] = {"generation_config": gen_config}
+    if "block" in params:
+        kwargs["block"] = True  # stop() waits for the generation thread
     if "workload_hints" in params:
         from transformers.generation.continuous_batching.utils import WorkloadHints
 
