@@ -181,5 +181,12 @@ def _si(value: float, unit: str) -> str:
     return f"{value:.0f} {unit}"
 
 
-def _kv(d: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
+def _kv(d: dict[str, Any], prefix: str = "") -> str:
+    """k=v pairs; nested dicts (e.g. a KV-waste record inside the engine stats) as outer.inner=v."""
+    parts = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            parts.append(_kv(v, f"{prefix}{k}."))
+        else:
+            parts.append(f"{prefix}{k}={v:.3f}" if isinstance(v, float) else f"{prefix}{k}={v}")
+    return ", ".join(p for p in parts if p)
