@@ -11,9 +11,14 @@ import dataclasses
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
-from folio.benchmarks.workloads import WORKLOADS
+from folio.benchmarks.workloads import WORKLOADS, Workload
+
+if TYPE_CHECKING:
+    from folio.benchmarks.hardware import DeviceLimits
+    from folio.benchmarks.report import ThroughputReport
+    from folio.engine.arg_utils import EngineArgs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -97,7 +102,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     return 0 if folio.result.ok else 1
 
 
-def _workload(args: argparse.Namespace, vocab_size: int | None) -> Any:
+def _workload(args: argparse.Namespace, vocab_size: int | None) -> Workload:
     from folio.benchmarks.workloads import make_workload
 
     workload = make_workload(
@@ -121,7 +126,7 @@ def _peer_modes(args: argparse.Namespace) -> tuple[str, ...]:
     return modes
 
 
-def _measure(device: str) -> Any:
+def _measure(device: str) -> DeviceLimits | None:
     from folio.benchmarks.hardware import measure_device
 
     limits = measure_device(device)
@@ -129,7 +134,8 @@ def _measure(device: str) -> Any:
     return limits
 
 
-def _run_peers(report: Any, engine_args: Any, args: argparse.Namespace, modes: tuple[str, ...]) -> None:
+def _run_peers(report: ThroughputReport, engine_args: EngineArgs, args: argparse.Namespace,
+               modes: tuple[str, ...]) -> None:
     from folio.benchmarks.peers import PeerSpec, run_transformers
     from folio.benchmarks.throughput import device_memory_in_use
 
@@ -137,12 +143,13 @@ def _run_peers(report: Any, engine_args: Any, args: argparse.Namespace, modes: t
     if left:
         report.notes.append(f"{left / 2**30:.2f} GiB of GPU memory still allocated after folio was freed")
     spec = PeerSpec(report.model, report.dtype, report.device, engine_args.load_format == "dummy", engine_args.seed)
-    _say(f"transformers on {report.peer_workload.describe()}")
-    report.peers = run_transformers(spec, report.peer_workload, modes=modes,
+    peer_workload = report.peer_workload or report.workload
+    _say(f"transformers on {peer_workload.describe()}")
+    report.peers = run_transformers(spec, peer_workload, modes=modes,
                                     batch_size=args.peer_batch_size, progress=not args.no_progress)
 
 
-def _add_floor(report: Any) -> None:
+def _add_floor(report: ThroughputReport) -> None:
     from folio.benchmarks.floor import compute_floor, model_cost, workload_cost
 
     try:
