@@ -5,8 +5,9 @@ event loop never call into it directly. The two sides meet in two places only:
 
 - commands (add, abort, stop) go to the engine thread through a thread-safe queue, which it
   drains between steps (blocking on it only while it has nothing to do);
-- after each step, one `loop.call_soon_threadsafe` hands the event loop everything the step
-  produced: add results, each request's RequestOutput, and the engine's stats.
+- after taking commands, one `loop.call_soon_threadsafe` answers the adds (accepted, or the
+  error); after each step, one more hands the event loop every RequestOutput of the step and
+  the engine's stats.
 
 So an HTTP handler waits at most one step for its request to be accepted, and a slow client
 never holds the engine: its outputs pile up in its RequestStream and are merged into one
@@ -226,6 +227,8 @@ class AsyncLLM:
                     self._abort_live()
                     return
                 added = self._apply(commands)
+                if added:  # answer the adds now: their callers need not wait for the step
+                    self._post(self._accept, added, self.engine.stats())
                 outputs: list[RequestOutput] = []
                 failed: dict[str, Exception] = {}
                 if self.engine.has_unfinished_requests():
@@ -236,7 +239,7 @@ class AsyncLLM:
                     failed = self._take_failed()
                 stats = self.engine.stats()
                 self.metrics.record_stats(stats)
-                self._post(self._deliver, added, outputs, failed, stats)
+                self._post(self._deliver, outputs, failed, stats)
         except BaseException as e:  # noqa: BLE001 - whatever it was, clients must hear of it
             logger.exception("The engine thread failed; failing every request in flight.")
             self._post(self._on_engine_dead, e)
@@ -291,22 +294,20 @@ class AsyncLLM:
             pass
 
     # ---- back on the event loop -------------------------------------------------------------
-    def _deliver(
-        self,
-        added: list[tuple[_Add, BaseException | None]],
-        outputs: list[RequestOutput],
-        failed: dict[str, Exception],
-        stats: EngineStats,
-    ) -> None:
+    def _accept(self, added: list[tuple[_Add, BaseException | None]], stats: EngineStats) -> None:
         self._stats = stats
         for command, error in added:
             self._pending.pop(command.request_id, None)
             self._pending_sequences -= command.params.n
-            if not command.future.done():
-                if error is None:
-                    command.future.set_result(None)
-                else:
-                    command.future.set_exception(error)
+            if command.future.done():
+                continue  # its caller gave up (it also sent the abort)
+            if error is None:
+                command.future.set_result(None)
+            else:
+                command.future.set_exception(error)
+
+    def _deliver(self, outputs: list[RequestOutput], failed: dict[str, Exception], stats: EngineStats) -> None:
+        self._stats = stats
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:

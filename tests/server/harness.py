@@ -58,6 +58,36 @@ class ServerThread:
         self._thread.join(HANG_LIMIT_S)
 
 
+class HeldEngine:
+    """Stop the engine thread at the start of step() while held, so queue states are exact.
+
+    Held from the start, or from `hold()` on; `release` (an Event) lets it step again.
+    """
+
+    def __init__(self, engine, held: bool = True) -> None:
+        self.engine, self.entered, self.release = engine, threading.Event(), threading.Event()
+        self._step = engine.step
+        if not held:
+            self.release.set()
+
+    def hold(self) -> None:
+        self.entered.clear()
+        self.release.clear()
+
+    def step(self):
+        self.entered.set()
+        self.release.wait()
+        return self._step()
+
+    def __enter__(self):
+        self.engine.step = self.step
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release.set()
+        del self.engine.step  # back to the class's method
+
+
 def make_engine(model: str, max_model_len: int = 256, **kwargs) -> AsyncLLM:
     engine_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in EngineArgs.field_names()}
     args = EngineArgs(model=model, dtype="float32", device="cpu", max_model_len=max_model_len, seed=0, **engine_kwargs)

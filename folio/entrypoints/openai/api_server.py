@@ -34,7 +34,7 @@ from folio.logger import init_logger
 from folio.transformers_utils.chat_template import resolve_chat_template
 from folio.version import __version__
 
-logger = init_logger(__name__)
+logger = init_logger("folio.entrypoints.openai.api_server")  # also when run as __main__
 
 
 def build_app(engine: AsyncLLM, config: ServerConfig | None = None) -> FastAPI:

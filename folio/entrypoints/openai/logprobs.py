@@ -47,9 +47,12 @@ def completion_logprobs(
             continue
         chosen = entry.get(token_id)
         result.token_logprobs.append(finite(chosen.logprob) if chosen is not None else LOGPROB_FLOOR)
-        result.top_logprobs.append(
-            {decode_token(tokenizer, tok): finite(lp.logprob) for tok, lp in _by_rank(entry)}
-        )
+        top: dict[str, float] = {}
+        for tok, lp in _by_rank(entry):
+            # Keys are token texts: two tokens can read the same (partial characters read
+            # U+FFFD); the better-ranked one keeps the key.
+            top.setdefault(decode_token(tokenizer, tok), finite(lp.logprob))
+        result.top_logprobs.append(top)
     return result, text_offset
 
 
