@@ -25,6 +25,7 @@ class BlockTable:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.table = np.zeros((max_rows, max_blocks_per_seq), dtype=np.int32)  # [rows, blocks]
         self.num_blocks = [0] * max_rows  # ids valid in each row
+        self.last_ids = [-1] * max_rows  # each row's last valid id, as a Python int (fast compare)
         self.rows: dict[str, int] = {}  # request id -> row
         self.free_rows = list(range(max_rows - 1, -1, -1))
 
@@ -34,7 +35,7 @@ class BlockTable:
         if row is None:
             row = self._take_row(request_id)
         n, known = len(block_ids), self.num_blocks[row]
-        if n == known and (n == 0 or self.table[row, n - 1] == block_ids[-1]):
+        if n == known and (n == 0 or self.last_ids[row] == block_ids[-1]):
             return row  # the common decode step: nothing changed
         if n > self.max_blocks_per_seq:
             raise ValueError(
@@ -46,6 +47,7 @@ class BlockTable:
         else:
             self.table[row, :n] = block_ids
         self.num_blocks[row] = n
+        self.last_ids[row] = block_ids[-1] if n else -1
         return row
 
     def drop(self, request_id: str) -> None:
