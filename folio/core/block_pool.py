@@ -4,16 +4,17 @@ A block is identified by its index 0..num_blocks-1 in the KV cache tensor. It is
 (ref count >= 1: it sits in that many block tables) or free (ref count 0: on the free list).
 
 The free list is ordered: blocks are allocated from its head and freed to its tail, so the head
-is always the block freed longest ago. Prefix caching (later) keeps a freed block's hash and
-contents until the block is allocated again; allocating from the head then evicts the least
-recently freed cached block first, and a cache hit on a free block takes it out of the middle of
-the list (`incref` on a block with ref count 0). An OrderedDict gives all three moves in O(1).
+is always the block freed longest ago. Prefix caching keeps a freed block's hash and contents
+until the block is allocated again; allocating from the head then evicts the least recently
+freed cached block first (`on_evict` is told), and a cache hit on a free block takes it out of
+the middle of the list (`incref` on a block with ref count 0). An OrderedDict gives all three
+moves in O(1).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -21,10 +22,12 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, on_evict: Callable[[int], None] | None = None) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}.")
         self.num_blocks = num_blocks
+        # Called with each block taken from the free list by allocate(): its old contents die.
+        self._on_evict = on_evict
         self._ref_counts = [0] * num_blocks
         # Invariant: block_id is a key here exactly when its ref count is 0. Values are unused.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -72,14 +75,16 @@ class BlockPool:
         for _ in range(num_blocks):
             block_id, _ = self._free.popitem(last=False)
             self._ref_counts[block_id] = 1
+            if self._on_evict is not None:
+                self._on_evict(block_id)
             block_ids.append(block_id)
         return block_ids
 
     def incref(self, block_ids: Iterable[int]) -> None:
         """Add one reference to each block (another table now shares it).
 
-        A free block taken this way leaves the free list: that is how a prefix-cache hit will
-        revive a freed block that still holds the right K/V.
+        A free block taken this way leaves the free list: that is how a prefix-cache hit
+        revives a freed block that still holds the right K/V.
         """
         for block_id in block_ids:
             if self._ref_counts[block_id] == 0:

@@ -3,6 +3,11 @@
 A request carries its prompt and output token ids and `num_computed_tokens`, the number of its
 tokens whose K/V are in the cache. Every kind of step (prefill chunk, decode, resume after
 preemption, prefix-cache hit) is just "compute the next few of `all_token_ids`".
+
+Requests that share blocks by fork form a family (`family_id`): the n samples of one user
+request (each child waits for `parent`, the first sample, to compute the prompt, then shares its
+blocks), or the beams of one beam search (`pause_after_sample`: after each token the request
+stops being scheduled until the beam search forks or ends it).
 """
 
 from __future__ import annotations
@@ -55,6 +60,17 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     # prompt + output, kept as one list so the runner reads it without concatenating.
     all_token_ids: list[int] = field(default_factory=list)
+    # Mixed into the first block's hash: requests with different salts never share K/V.
+    cache_salt: str | None = None
+    # Hashes of the leading full blocks of all_token_ids, filled lazily (core/block_hash.py).
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)
+    # Fork family: n > 1 samples of one request, or the beams of one search.
+    family_id: str | None = None
+    # n > 1: the sample that computes the prompt; this one shares its blocks instead.
+    parent: Request | None = field(default=None, repr=False)
+    # Beam search: stop scheduling after each sampled token until forked or finished.
+    pause_after_sample: bool = False
+    paused: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

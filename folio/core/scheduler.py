@@ -10,10 +10,19 @@ One step, as the engine drives it:
     runner_out = runner.execute_model(out)           # forward + sample
     core_outs = scheduler.update_from_output(out, runner_out)   # append tokens, stop checks
 
+A request admitted from the waiting queue first takes whatever K/V it can share instead of
+computing it (core/admission.py): its parent's prompt blocks, the longest cached prefix, or its
+own blocks back from the CPU.
+
+Preemption frees a victim's blocks by swap or by recompute; core/preemption.py states the rule.
+
 Invariants between calls:
 - a request is in exactly one of: `waiting` (status WAITING or PREEMPTED), `running` (RUNNING),
-  or nowhere (finished; forgotten here, its id reported once in finished_req_ids);
-- a running request's block table covers its num_computed_tokens; waiting requests hold none;
+  `parked` (a paused beam that was preempted: no blocks, waits for its beam search), or nowhere
+  (finished; forgotten here, its id reported once in finished_req_ids);
+- a running request's block table covers its num_computed_tokens; waiting requests hold no
+  device blocks (a swapped-out one holds CPU blocks and keeps its num_computed_tokens, the
+  others have 0);
 - `running` is in admission order, so under FCFS its tail is the newest request.
 """
 
@@ -21,14 +30,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from folio.config.scheduler import SchedulerConfig
+from folio.core.admission import allocate_admission, plan_admission
 from folio.core.kv_cache_manager import KVCacheManager
+from folio.core.preemption import newcomer_victim, pop_victim, should_swap
+from folio.core.kv_waste import KVWasteMeter
 from folio.core.outputs import EngineCoreOutput, ModelRunnerOutput
 from folio.core.request import Request, RequestStatus
-from folio.core.request_queue import make_request_queue, priority_key
-from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from folio.core.request_queue import make_request_queue
+from folio.core.schedule_step import ScheduleStep
+from folio.core.scheduler_output import SchedulerOutput
 
 
 def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
@@ -50,41 +62,16 @@ def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
     return None
 
 
-@dataclass
-class _Step:
-    """The SchedulerOutput under construction, with the budget it has left."""
-
-    budget: int
-    scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)  # batch order
-    preempted: list[str] = field(default_factory=list)
-
-    def add(self, request: Request, num_new_tokens: int, block_ids: list[int]) -> None:
-        self.scheduled[request.request_id] = ScheduledRequest(
-            request, request.num_computed_tokens, num_new_tokens, block_ids
-        )
-        # From here on num_computed_tokens counts the K/V that will be cached after this step.
-        request.num_computed_tokens += num_new_tokens
-        self.budget -= num_new_tokens
-
-    def unschedule(self, request: Request) -> None:
-        """Take back a request scheduled earlier in this step, and its share of the budget."""
-        sched = self.scheduled.pop(request.request_id, None)
-        if sched is not None:
-            request.num_computed_tokens = sched.num_computed_tokens
-            self.budget += sched.num_new_tokens
-
-    def build(self, finished_req_ids: frozenset[str]) -> SchedulerOutput:
-        scheduled = list(self.scheduled.values())
-        return SchedulerOutput(
-            scheduled=scheduled,
-            total_num_scheduled_tokens=sum(s.num_new_tokens for s in scheduled),
-            finished_req_ids=finished_req_ids,
-            preempted_req_ids=tuple(self.preempted),
-        )
-
-
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = False,
+        num_cpu_blocks: int = 0,
+    ) -> None:
         max_len = scheduler_config.max_model_len
         if num_blocks * block_size < max_len:
             # Otherwise a request near max_model_len could preempt itself forever.
@@ -92,14 +79,25 @@ class Scheduler:
                 f"{num_blocks} KV blocks of {block_size} tokens cannot hold one request of "
                 f"max_model_len={max_len}."
             )
-        if scheduler_config.preemption_mode == "swap":
-            raise ValueError("preemption_mode='swap' is not supported yet; use 'recompute'.")
+        if scheduler_config.preemption_mode == "swap" and num_cpu_blocks == 0:
+            raise ValueError("preemption_mode='swap' needs CPU swap space: set swap_space > 0.")
         self.config = scheduler_config
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size)
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks,
+            block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            num_cpu_blocks=num_cpu_blocks,
+        )
         self.waiting = make_request_queue(scheduler_config.policy)
         self.running: list[Request] = []
+        self.parked: dict[str, Request] = {}  # preempted paused beams, by id
         self.requests: dict[str, Request] = {}  # unfinished requests, by id
-        self.num_preemptions = 0  # since start, for stats
+        self.waste = KVWasteMeter(block_size, max_len)
+        # Counters since start, for stats.
+        self.num_preemptions = 0
+        self.num_swap_preemptions = 0  # of num_preemptions, those that swapped
+        self.num_computed_tokens = 0  # tokens put through the model
+        self.num_computed_prompt_tokens = 0  # ... of them, prompt tokens
         self._finished_since_schedule: set[str] = set()
 
     # ---- requests in and out ----------------------------------------------------------------
@@ -126,10 +124,44 @@ class Scheduler:
             if request is not None:
                 self._finish(request, status)
 
+    def fork_request(self, parent_id: str, children: list[Request]) -> None:
+        """Replace a paused request by children that differ from it at most in the last token
+        (beam search). Its K/V for all but that token are theirs: each child that finds a seat
+        shares the parent's blocks and runs; the others wait as new requests, served by the
+        prefix cache. The parent finishes (aborted); no children simply ends it.
+        """
+        parent = self.requests.get(parent_id)
+        if parent is None or not parent.paused:
+            raise ValueError(f"{parent_id!r} is not a paused request.")
+        common = parent.num_tokens - 1
+        for child in children:
+            if child.request_id in self.requests:
+                raise ValueError(f"Request id {child.request_id!r} is already in use.")
+            if child.num_tokens != parent.num_tokens or child.all_token_ids[:common] != parent.all_token_ids[:common]:
+                raise ValueError(f"{child.request_id!r} is not a fork of {parent_id!r}.")
+        seats = self.config.max_num_seqs - len(self.running)
+        seats += parent.status == RequestStatus.RUNNING
+        waiting = []
+        for child in children:
+            child.block_hashes = parent.block_hashes[: common // self.kv_cache_manager.block_size]
+            self.requests[child.request_id] = child
+            if parent.status == RequestStatus.RUNNING and seats > 0:
+                child.num_computed_tokens = parent.num_computed_tokens
+                self.kv_cache_manager.fork(parent, child)
+                child.status = RequestStatus.RUNNING
+                self.running.append(child)
+                seats -= 1
+            else:
+                child.status = RequestStatus.WAITING
+                waiting.append(child)
+        for child in reversed(waiting):
+            self.waiting.prepend(child)  # they resume work already under way: front of queue
+        self._finish(parent, RequestStatus.FINISHED_ABORTED)
+
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-        else:
+        elif self.parked.pop(request.request_id, None) is None:
             self.waiting.remove(request)
         request.status = status
         self.kv_cache_manager.free(request)
@@ -138,7 +170,9 @@ class Scheduler:
 
     # ---- one step ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        step = _Step(budget=self.config.max_num_batched_tokens)
+        kv = self.kv_cache_manager
+        kv.begin_step()
+        step = ScheduleStep(budget=self.config.max_num_batched_tokens)
         self._schedule_running(step)
         # A step that had to preempt is short of blocks: admitting newcomers would only
         # preempt again next step, so they wait.
@@ -146,9 +180,18 @@ class Scheduler:
             self._schedule_waiting(step)
         finished = frozenset(self._finished_since_schedule)
         self._finished_since_schedule.clear()
-        return step.build(finished)
+        self._count(step)
+        return step.build(finished, kv.take_block_moves())
 
-    def _schedule_running(self, step: _Step) -> None:
+    def _count(self, step: ScheduleStep) -> None:
+        for sched in step.scheduled.values():
+            self.num_computed_tokens += sched.num_new_tokens
+            prompt_end = min(sched.end, sched.request.num_prompt_tokens)
+            self.num_computed_prompt_tokens += max(0, prompt_end - sched.num_computed_tokens)
+        kv = self.kv_cache_manager
+        self.waste.sample(self.running, kv.block_tables, kv.block_pool.num_used_blocks)
+
+    def _schedule_running(self, step: ScheduleStep) -> None:
         """Give running requests their next tokens, oldest first, preempting when blocks run out.
 
         During the loop `self.running` holds the requests already visited (kept running, in
@@ -158,8 +201,8 @@ class Scheduler:
         self.running = []
         while pending and step.budget > 0:
             request = pending.popleft()
-            if self._num_new_tokens(request, step.budget) == 0:
-                # Its sampled token has not come back yet: nothing to compute.
+            if request.paused or self._num_new_tokens(request, step.budget) == 0:
+                # Paused for its beam search, or its sampled token has not come back yet.
                 self.running.append(request)
                 continue
             num_new = self._allocate_or_preempt(request, step, pending)
@@ -170,7 +213,7 @@ class Scheduler:
             # else: the request was its own victim and is back in the waiting queue.
         self.running.extend(pending)
 
-    def _allocate_or_preempt(self, request: Request, step: _Step, pending: deque[Request]) -> int:
+    def _allocate_or_preempt(self, request: Request, step: ScheduleStep, pending: deque[Request]) -> int:
         """Allocate blocks for the request's next tokens, preempting victims until they fit.
 
         Returns how many tokens it gets, 0 when it had to be preempted itself. The count is
@@ -180,41 +223,27 @@ class Scheduler:
             num_new = self._num_new_tokens(request, step.budget)
             if self.kv_cache_manager.allocate_slots(request, num_new):
                 return num_new
-            victim = self._pop_victim(request, pending)
+            victim = pop_victim(self.config.policy, self.running, request, pending)
             self._preempt(victim, step)
             if victim is request:
                 return 0
 
-    def _pop_victim(self, request: Request, pending: deque[Request]) -> Request:
-        """Take the running request to preempt so that `request` can grow, out of its list.
-
-        FCFS: the most recently admitted running request, as in vLLM (the last to join has
-        the weakest claim). Priority: the largest (priority, arrival_time), the most recently
-        admitted on ties.
-        """
-        if self.config.policy == "fcfs":
-            # Visited requests are older than `request`, pending ones newer.
-            return pending.pop() if pending else request
-        candidates = [*self.running, request, *pending]  # admission order
-        victim = max(reversed(candidates), key=priority_key)
-        if victim in pending:
-            pending.remove(victim)
-        elif victim is not request:
-            self.running.remove(victim)
-        return victim
-
-    def _schedule_waiting(self, step: _Step) -> None:
+    def _schedule_waiting(self, step: ScheduleStep) -> None:
         """Admit waiting requests in queue order while budget, max_num_seqs and blocks allow.
 
         Head of line: the first request that cannot be admitted stops admission, so smaller
         requests behind it never starve it. Without chunked prefill a request is admitted only
-        with all its tokens. Under the priority policy a newcomer that ranks strictly before a
-        running request may preempt it for blocks (see _allocate_for_newcomer); admission
-        then stops after that newcomer, since memory is short.
+        with all its tokens. A newcomer short of a seat or of blocks may preempt a paused beam
+        (it makes no progress while it waits for its beam search, and it may be waiting for
+        this very newcomer), and under the priority policy a running request that ranks
+        strictly after it (see core/preemption.py); admission then stops after that newcomer,
+        since memory is short.
         """
-        while self.waiting and step.budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting.peek()
+        while self.waiting and step.budget > 0:
             num_preempted = len(step.preempted)
+            if len(self.running) >= self.config.max_num_seqs and not self._park_a_paused_beam(step):
+                break
+            request = self.waiting.peek()
             num_new = self._allocate_for_newcomer(request, step)
             if num_new == 0:
                 break
@@ -226,7 +255,15 @@ class Scheduler:
             if len(step.preempted) > num_preempted:
                 break
 
-    def _allocate_for_newcomer(self, request: Request, step: _Step) -> int:
+    def _park_a_paused_beam(self, step: ScheduleStep) -> bool:
+        paused = [r for r in self.running if r.paused]
+        if not paused:
+            return False
+        self.running.remove(paused[-1])
+        self._preempt(paused[-1], step)
+        return True
+
+    def _allocate_for_newcomer(self, request: Request, step: ScheduleStep) -> int:
         """Allocate blocks for a waiting request's first tokens; how many it gets, 0 to wait.
 
         Under the priority policy it may preempt running requests that rank strictly after it,
@@ -234,35 +271,40 @@ class Scheduler:
         blocks from each other in turn.
         """
         while True:
-            num_new = self._num_new_tokens(request, step.budget)
-            remaining = request.num_tokens - request.num_computed_tokens
-            if num_new == 0 or (num_new < remaining and not self.config.enable_chunked_prefill):
+            admission = plan_admission(self.kv_cache_manager, self.config, request, step)
+            if admission is None:
                 return 0
-            if self.kv_cache_manager.allocate_slots(request, num_new):
-                return num_new
-            victim = self._newcomer_victim(request)
+            if allocate_admission(self.kv_cache_manager, request, admission):
+                step.admitted.add(request.request_id)
+                return admission.num_new_tokens
+            victim = newcomer_victim(
+                self.config.policy, self.running, request, self.kv_cache_manager.providers
+            )
             if victim is None:
                 return 0
             self.running.remove(victim)
             self._preempt(victim, step)  # an unscheduled victim gives budget back: count again
 
-    def _newcomer_victim(self, request: Request) -> Request | None:
-        if self.config.policy != "priority" or not self.running:
-            return None
-        victim = max(reversed(self.running), key=priority_key)
-        return victim if priority_key(victim) > priority_key(request) else None
+    def _preempt(self, victim: Request, step: ScheduleStep) -> None:
+        """Free the victim's device blocks by swap or recompute (core/preemption.py: the rule).
 
-    def _preempt(self, victim: Request, step: _Step) -> None:
-        """Preempt by recompute: drop the victim's K/V; when it runs again it recomputes its
-        prompt and outputs (all_token_ids) and continues, so its output is unchanged.
-        (Swap, a later mode, will move its blocks to the CPU pool here instead.)"""
+        Either way its output is unchanged: a swapped request resumes where it stopped, a
+        recomputed one recomputes all_token_ids and continues.
+        """
         step.unschedule(victim)
-        self.kv_cache_manager.free(victim)
-        victim.num_computed_tokens = 0
+        kv = self.kv_cache_manager
+        if should_swap(self.config.preemption_mode, victim) and kv.swap_out(victim):
+            self.num_swap_preemptions += 1
+        else:
+            kv.free(victim)
+            victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.prepend(victim)
+        if victim.paused:
+            self.parked[victim.request_id] = victim
+        else:
+            self.waiting.prepend(victim)
         step.preempted.append(victim.request_id)
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
@@ -283,6 +325,7 @@ class Scheduler:
         scheduled = scheduler_output.scheduled
         if runner_output.req_ids != [s.request_id for s in scheduled]:
             raise ValueError("ModelRunnerOutput does not match the SchedulerOutput it answers.")
+        self.kv_cache_manager.end_step()
         logprobs = runner_output.logprobs or [None] * len(scheduled)
         outputs = []
         for sched, token_ids, token_logprobs in zip(
@@ -295,6 +338,8 @@ class Scheduler:
             prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
             if status is not None:
                 self._finish(request, status)
+            elif new_token_ids and request.pause_after_sample:
+                request.paused = True  # until its beam search forks or finishes it
             if new_token_ids or prompt_logprobs is not None or status is not None:
                 if token_logprobs is not None:
                     token_logprobs = token_logprobs[: len(new_token_ids)]

@@ -37,10 +37,15 @@ class SchedulerOutput:
     # Requests that finished or were aborted since the last step: the runner drops their state.
     finished_req_ids: frozenset[str] = frozenset()
     preempted_req_ids: tuple[str, ...] = ()
-    # Block moves to run before the forward pass: copy-on-write, swap out to and in from the CPU.
-    blocks_to_copy: tuple[tuple[int, int], ...] = ()
+    # Block moves to run before the forward pass, in this order: swap-outs, copies, swap-ins
+    # (core/kv_cache_manager.py says why the order makes them safe).
+    blocks_to_copy: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write
     blocks_to_swap_out: tuple[tuple[int, int], ...] = ()  # (device block, cpu block)
     blocks_to_swap_in: tuple[tuple[int, int], ...] = ()  # (cpu block, device block)
+    # Contract with the runner: one forward pass per step writes every scheduled token's K/V
+    # before any attention reads the cache (layer by layer), because a request may read blocks
+    # that another request of the same step computes (a prefix-cache hit on blocks cached this
+    # step). A runner that splits a step must run requests in batch order: providers come first.
 
     @property
     def is_empty(self) -> bool:

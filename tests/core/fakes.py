@@ -1,11 +1,14 @@
 """Fake requests and a fake model runner for testing core/ without torch.
 
-FakeModel stands in for the runner and its paged KV cache. It writes each scheduled token into
-the slot its block table names and, before "attending", reads every earlier position back
-through the table: a slot holding another request's token, a stale token, or a table too short
-fails the test at once. Sampled tokens are a deterministic function of the tokens read, so a
-request computes the same outputs whatever else is batched with it and however often it is
-preempted and recomputed.
+FakeModel stands in for the runner and its paged KV cache (and the CPU swap pool). It applies
+the step's block moves (swap-outs, copies, swap-ins, in the runner's order), writes each
+scheduled token into the slot its block table names — every write of the step before any read,
+as one forward pass does — then reads every earlier position back through the table. A slot
+holds (position, token, digest of all tokens up to it), which is what real K/V depend on: a
+slot holding a different prefix's token, a stale token, or a table too short fails the test at
+once, while blocks legitimately shared (prefix cache, forks) pass. Sampled tokens are a
+deterministic function of the tokens read, so a request computes the same outputs whatever else
+is batched with it and however often it is preempted, recomputed, swapped or served from cache.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ def make_scheduler(
     max_model_len: int = 64,
     enable_chunked_prefill: bool = True,
     policy: str = "fcfs",
+    enable_prefix_caching: bool = False,
+    num_cpu_blocks: int = 0,
+    preemption_mode: str | None = None,
 ) -> Scheduler:
     config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
@@ -65,8 +71,15 @@ def make_scheduler(
         max_model_len=max_model_len,
         enable_chunked_prefill=enable_chunked_prefill,
         policy=policy,
+        preemption_mode=preemption_mode,
     )
-    return Scheduler(config, num_blocks, block_size)
+    return Scheduler(
+        config,
+        num_blocks,
+        block_size,
+        enable_prefix_caching=enable_prefix_caching,
+        num_cpu_blocks=num_cpu_blocks,
+    )
 
 
 def default_next_token(tokens: list[int]) -> int:
@@ -84,8 +97,9 @@ class FakeModel:
     # next_token(request, end), by default default_next_token of the tokens before `end`.
     script: dict[str, list[int]] = field(default_factory=dict)
     next_token: Callable[[Request, int], int] | None = None
-    # slot -> (request id, position, token) last written there
-    slots: dict[int, tuple[str, int, int]] = field(default_factory=dict)
+    # slot -> (position, token, digest of tokens[: position + 1]) last written there
+    slots: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    cpu_slots: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # the swap pool
     steps: list[SchedulerOutput] = field(default_factory=list)
     # Per step, request id -> its length (prompt + outputs) when the step ran; ScheduledRequest
     # reads the live request, so only this tells later which step reached the end and sampled.
@@ -94,20 +108,33 @@ class FakeModel:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         self.steps.append(out)
         self.lengths.append({s.request_id: s.request.num_tokens for s in out.scheduled})
-        sampled: list[list[int]] = []
-        for sched in out.scheduled:
-            request, table = sched.request, sched.block_ids
-            assert len(table) * self.block_size >= sched.end, "block table too short"
+        self._move_blocks(out)
+        contents = [_contents(s.request.all_token_ids[: s.end]) for s in out.scheduled]
+        for sched, content in zip(out.scheduled, contents):
+            assert len(sched.block_ids) * self.block_size >= sched.end, "block table too short"
             for pos in range(sched.num_computed_tokens, sched.end):
-                self.slots[self._slot(table, pos)] = (
-                    request.request_id, pos, request.all_token_ids[pos])
-            for pos in range(sched.end):  # attention reads the whole context
-                expected = (request.request_id, pos, request.all_token_ids[pos])
-                assert self.slots.get(self._slot(table, pos)) == expected, (
-                    f"{request.request_id}: KV at position {pos} was lost or overwritten")
-            sampled.append([self._sample(request, sched.end)] if sched.samples else [])
+                self.slots[self._slot(sched.block_ids, pos)] = content[pos]
+        sampled: list[list[int]] = []
+        for sched, content in zip(out.scheduled, contents):  # attention reads the whole context
+            for pos in range(sched.end):
+                assert self.slots.get(self._slot(sched.block_ids, pos)) == content[pos], (
+                    f"{sched.request_id}: KV at position {pos} was lost or overwritten")
+            sampled.append([self._sample(sched.request, sched.end)] if sched.samples else [])
         return ModelRunnerOutput(req_ids=[s.request_id for s in out.scheduled],
                                  sampled_token_ids=sampled)
+
+    def _move_blocks(self, out: SchedulerOutput) -> None:
+        """Swap-outs, copies, swap-ins: each reads everything before it writes, like the runner."""
+        self._copy(self.slots, self.cpu_slots, out.blocks_to_swap_out)
+        self._copy(self.slots, self.slots, out.blocks_to_copy)
+        self._copy(self.cpu_slots, self.slots, out.blocks_to_swap_in)
+
+    def _copy(self, src_slots: dict, dst_slots: dict, pairs) -> None:
+        bs = self.block_size
+        read = [[src_slots.get(src * bs + i) for i in range(bs)] for src, _ in pairs]
+        for (_, dst), values in zip(pairs, read):
+            for i, value in enumerate(values):
+                dst_slots[dst * bs + i] = value
 
     def _slot(self, table: list[int], pos: int) -> int:
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
@@ -119,6 +146,15 @@ class FakeModel:
         if self.next_token is not None:
             return self.next_token(request, end)
         return default_next_token(request.all_token_ids[:end])
+
+
+def _contents(tokens: list[int]) -> list[tuple[int, int, int]]:
+    """What the K/V at each position depend on: the position, its token, every earlier token."""
+    out, h = [], 0
+    for pos, t in enumerate(tokens):
+        h = hash((h, t))
+        out.append((pos, t, h))
+    return out
 
 
 @dataclass

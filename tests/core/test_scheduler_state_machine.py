@@ -1,24 +1,32 @@
 """Random traffic on a tiny KV pool: the bookkeeping invariants hold after every operation.
 
-Hypothesis drives a Scheduler with random adds, steps (random sampled tokens, some EOS), aborts,
-stop-string finishes and aborts that land between schedule() and update_from_output(). The
-FakeModel writes and reads back every token through the block tables, so a block shared by two
-live requests, or a table that lost a block, fails at the step where K/V would be corrupted.
+Hypothesis drives a Scheduler with random adds (plain requests, n > 1 families, beam roots),
+steps (random sampled tokens, some EOS), aborts, stop-string finishes, aborts that land between
+schedule() and update_from_output(), and beam forks of paused requests; with prefix caching on
+or off, a CPU swap pool or none, and each preemption mode. Prompts are drawn from a few shared
+prefixes so that cache hits, same-step hits and evictions happen. The FakeModel moves and
+writes K/V exactly as the runner would and reads back every position through the block tables,
+so a block wrongly shared, overwritten, copied or swapped fails at the step where K/V would be
+corrupted.
 """
 
 from __future__ import annotations
 
 import random
 
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from folio.core.admission import blocks_needed, plan_admission
+from folio.core.block_hash import request_block_hashes
 from folio.core.request import RequestStatus
 from folio.core.request_queue import priority_key
-from tests.core.fakes import EOS, FakeModel, make_request, make_scheduler
+from folio.core.schedule_step import ScheduleStep
+from tests.core.fakes import EOS, FakeModel, _contents, make_request, make_scheduler
 
 MAX_MODEL_LEN = 12
+PREFIXES = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [5, 6, 7, 8, 20, 21, 22, 23, 24, 25], [30] * 10]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -33,13 +41,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         spare_blocks=st.integers(0, 4),
         budget=st.integers(1, 16),
         max_num_seqs=st.integers(1, 4),
+        caching=st.booleans(),
+        cpu_blocks=st.sampled_from([0, 0, 2, 8]),
+        mode=st.sampled_from([None, "recompute", "swap"]),
     )
-    def setup(self, policy, chunked, block_size, spare_blocks, budget, max_num_seqs):
+    def setup(self, policy, chunked, block_size, spare_blocks, budget, max_num_seqs, caching,
+              cpu_blocks, mode):
         if not chunked:
             budget = max(budget, MAX_MODEL_LEN)  # the config demands it
         self.budget = budget
         self.max_num_seqs = max_num_seqs
         self.num_blocks = cdiv(MAX_MODEL_LEN, block_size) + spare_blocks
+        self.num_cpu_blocks = cpu_blocks
+        self.block_size = block_size
         self.sched = make_scheduler(
             self.num_blocks,
             block_size,
@@ -48,7 +62,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_model_len=MAX_MODEL_LEN,
             enable_chunked_prefill=chunked,
             policy=policy,
+            enable_prefix_caching=caching,
+            num_cpu_blocks=cpu_blocks,
+            preemption_mode=mode if cpu_blocks or mode != "swap" else None,
         )
+        self.digests: dict[bytes, tuple] = {}  # block hash -> content of its last slot
         self.rng = random.Random(0)
         self.model = FakeModel(block_size, next_token=self._random_token)
         self.next_id = 0
@@ -59,19 +77,60 @@ class SchedulerMachine(RuleBasedStateMachine):
         return EOS if self.rng.random() < 0.1 else self.rng.randrange(3, 30)
 
     # ---- operations ---------------------------------------------------------------------
+    def _prompt(self, prefix, shared, tail):
+        return PREFIXES[prefix][:shared] + [40 + t for t in tail]
+
     @rule(
-        prompt_len=st.integers(1, MAX_MODEL_LEN),
+        prefix=st.integers(0, 2),
+        shared=st.integers(0, 10),
+        tail=st.lists(st.integers(0, 5), max_size=4),
         max_tokens=st.none() | st.integers(1, 8),
         priority=st.integers(0, 2),
         ignore_eos=st.booleans(),
+        n=st.sampled_from([1, 1, 2, 3]),
     )
-    def add(self, prompt_len, max_tokens, priority, ignore_eos):
+    def add(self, prefix, shared, tail, max_tokens, priority, ignore_eos, n):
+        prompt = self._prompt(prefix, shared, tail)[:MAX_MODEL_LEN] or [41]
+        parent = None
+        for i in range(n):
+            rid = f"r{self.next_id}"
+            request = make_request(rid, prompt=prompt, max_tokens=max_tokens, priority=priority,
+                                   ignore_eos=ignore_eos, arrival_time=float(self.next_id))
+            if n > 1:
+                request.family_id, request.parent = "fam", parent
+                parent = parent or request
+            self.sched.add_request(request)
+            self.next_id += 1
+
+    @rule(prefix=st.integers(0, 2), shared=st.integers(1, 10), priority=st.integers(0, 2))
+    def add_beam(self, prefix, shared, priority):
         rid = f"r{self.next_id}"
-        self.sched.add_request(
-            make_request(rid, prompt_len, max_tokens=max_tokens, priority=priority,
-                         ignore_eos=ignore_eos, arrival_time=float(self.next_id))
-        )
+        request = make_request(rid, prompt=self._prompt(prefix, shared, [])[: MAX_MODEL_LEN - 1],
+                               max_tokens=None, ignore_eos=True, priority=priority,
+                               arrival_time=float(self.next_id))
+        request.pause_after_sample, request.family_id = True, "beam"
+        self.sched.add_request(request)
         self.next_id += 1
+
+    @precondition(lambda self: any(r.paused for r in self.sched.requests.values()))
+    @rule(pick=st.integers(0, 100), tokens=st.lists(st.integers(3, 30), max_size=3))
+    def fork_beam(self, pick, tokens):
+        paused = sorted(rid for rid, r in self.sched.requests.items() if r.paused)
+        parent = self.sched.requests[paused[pick % len(paused)]]
+        if parent.num_tokens >= MAX_MODEL_LEN:
+            tokens = []
+        children = []
+        for token in tokens:
+            child = make_request(f"r{self.next_id}", prompt=list(parent.prompt_token_ids),
+                                 max_tokens=None, ignore_eos=True, priority=parent.priority,
+                                 arrival_time=parent.arrival_time)
+            child.append_output_token_ids(parent.output_token_ids[:-1] + [token])
+            child.pause_after_sample, child.family_id = True, "beam"
+            self.generated[child.request_id] = list(child.output_token_ids)
+            children.append(child)
+            self.next_id += 1
+        self.sched.fork_request(parent.request_id, children)
+        self.finished.add(parent.request_id)
 
     @rule(seed=st.integers(0, 2**16))
     def step(self, seed):
@@ -108,8 +167,30 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len({s.request_id for s in out.scheduled}) == len(out.scheduled)
         for s in out.scheduled:
             assert s.num_new_tokens > 0 and s.end <= MAX_MODEL_LEN
-            assert s.request.status == RequestStatus.RUNNING
+            assert s.request.status == RequestStatus.RUNNING and not s.request.paused
+        # No block is written by two moves, and copies never read a block another move writes.
+        written = [d for _, d in out.blocks_to_copy] + [d for _, d in out.blocks_to_swap_in]
+        assert len(written) == len(set(written))
+        kv = self.sched.kv_cache_manager
+        for name, happened in [
+            ("copy on write", out.blocks_to_copy), ("swap out", out.blocks_to_swap_out),
+            ("swap in", out.blocks_to_swap_in), ("same-step hit", kv.providers),
+            ("parked beam", self.sched.parked),
+            ("cache hit", any(s.num_computed_tokens and s.request_id not in was_running
+                              for s in out.scheduled)),
+        ]:
+            if happened:
+                event(name)
+        self._record_hashes()
         return out
+
+    def _record_hashes(self):
+        """Remember what every block hash stands for, to check cached blocks' contents later."""
+        bs = self.block_size
+        for r in self.sched.requests.values():
+            for i, h in enumerate(r.block_hashes):
+                digest = _contents(r.all_token_ids[: (i + 1) * bs])[-1]
+                assert self.digests.setdefault(h, digest) == digest, "one hash, two contents"
 
     def _check_work_conserving(self, out, was_running):
         """The step leaves nothing undone that it had budget, seats and blocks for."""
@@ -117,26 +198,31 @@ class SchedulerMachine(RuleBasedStateMachine):
         scheduled = {s.request_id for s in out.scheduled}
         exhausted = out.total_num_scheduled_tokens == self.budget
         # A running request is skipped, or given less than all its tokens, only when the
-        # budget ran out.
-        assert exhausted or all(r.request_id in scheduled for r in sched.running)
+        # budget ran out (or it is a paused beam).
+        assert exhausted or all(r.request_id in scheduled for r in sched.running if not r.paused)
         assert exhausted or all(s.end == s.request.num_tokens for s in out.scheduled)
         newcomers = [s.request for s in out.scheduled if s.request_id not in was_running]
-        if out.preempted_req_ids and sched.config.policy == "fcfs":
+        victims = [sched.get_request(rid) for rid in out.preempted_req_ids]
+        others = [v for v in victims if v is not None and not v.paused]
+        if others and sched.config.policy == "fcfs":
             assert not newcomers  # short of memory: newcomers wait
-        elif out.preempted_req_ids:
+        elif others:
             # Only a better-ranked newcomer may take a running request's blocks, and admission
             # stops after it; newcomers are admitted best first.
-            victims = [sched.get_request(rid) for rid in out.preempted_req_ids]
-            assert all(
-                priority_key(v) > priority_key(n) for v in victims if v for n in newcomers
-            )
-        elif sched.waiting and not exhausted and sched.num_running < self.max_num_seqs:
+            assert all(priority_key(v) > priority_key(n) for v in others for n in newcomers)
+        if (sched.waiting and not exhausted and not out.preempted_req_ids
+                and sched.num_running < self.max_num_seqs):
             head = sched.waiting.peek()
-            num_new = min(head.num_tokens, self.budget - out.total_num_scheduled_tokens)
-            if sched.config.enable_chunked_prefill or num_new == head.num_tokens:
+            step = ScheduleStep(
+                budget=self.budget - out.total_num_scheduled_tokens,
+                scheduled={s.request_id: s for s in out.scheduled},
+                admitted={n.request_id for n in newcomers},
+            )
+            admission = plan_admission(sched.kv_cache_manager, sched.config, head, step)
+            if admission is not None and not any(r.paused for r in sched.running):
                 # Then the head of the queue was left waiting for blocks alone.
                 kv = sched.kv_cache_manager
-                assert kv.num_missing_blocks(head, num_new) > kv.num_free_blocks
+                assert blocks_needed(kv, head, admission) > kv.num_free_blocks
 
     def _update(self, out, runner_out):
         for core_out in self.sched.update_from_output(out, runner_out):
@@ -155,40 +241,77 @@ class SchedulerMachine(RuleBasedStateMachine):
         kv = self.sched.kv_cache_manager
         pool = kv.block_pool
         owned = [b for table in kv.block_tables.values() for b in table]
-        assert len(owned) == len(set(owned)), "a block is in two tables"
-        assert pool.num_free_blocks + len(owned) == self.num_blocks
+        for table in kv.block_tables.values():
+            assert len(table) == len(set(table))
+        assert pool.num_free_blocks + len(set(owned)) == self.num_blocks
         for block in range(self.num_blocks):
+            # A block's ref count is the number of tables it is in; free exactly when in none.
             assert pool.ref_count(block) == owned.count(block)
             assert pool.is_free(block) == (block not in owned)
+        swap = kv.swap_space
+        held = [b for table in swap.tables.values() for b in table]
+        assert len(held) == len(set(held))
+        assert swap.num_free_blocks + len(held) + len(swap._releasing) == self.num_cpu_blocks
+
+    @invariant()
+    def cached_blocks_hold_what_their_hash_says(self):
+        kv = self.sched.kv_cache_manager
+        if kv.prefix_cache is None:
+            return
+        bs = self.block_size
+        blocks = [b for _, b in kv.prefix_cache.items()]
+        assert len(blocks) == len(set(blocks))
+        for h, block in kv.prefix_cache.items():
+            assert kv.prefix_cache.hash_of(block) == h
+            assert self.model.slots.get(block * bs + bs - 1) == self.digests[h]
+        for r in self.sched.running:
+            table = kv.get_block_ids(r.request_id)
+            full = r.num_computed_tokens // bs
+            hashes = request_block_hashes(r, bs, full)
+            for i in range(full):
+                h = kv.prefix_cache.hash_of(table[i])
+                assert h is None or h == hashes[i]
 
     @invariant()
     def requests_are_where_their_status_says(self):
         sched = self.sched
+        kv = sched.kv_cache_manager
         running = {r.request_id for r in sched.running}
         waiting = {r.request_id for r in sched.waiting}
+        parked = set(sched.parked)
         assert len(running) == sched.num_running <= self.max_num_seqs
-        assert not running & waiting and running | waiting == set(sched.requests)
-        bs = sched.kv_cache_manager.block_size
+        assert not running & waiting and not parked & (running | waiting)
+        assert running | waiting | parked == set(sched.requests)
+        bs = kv.block_size
         for r in sched.running:
             assert r.status == RequestStatus.RUNNING
-            table = sched.kv_cache_manager.get_block_ids(r.request_id)
+            table = kv.get_block_ids(r.request_id)
             assert len(table) == cdiv(r.num_computed_tokens, bs)  # covers, and no more
-        for r in sched.waiting:
+            if r.paused:
+                assert r.num_computed_tokens == r.num_tokens - 1
+        for r in list(sched.waiting) + list(sched.parked.values()):
             assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-            assert r.num_computed_tokens == 0
-            assert sched.kv_cache_manager.get_block_ids(r.request_id) == []
-        assert set(sched.kv_cache_manager.block_tables) <= running
+            assert kv.get_block_ids(r.request_id) == []
+            if kv.swap_space.holds(r.request_id):
+                assert r.num_computed_tokens > 0 and not r.paused
+                assert kv.swap_space.num_held_blocks(r.request_id) == cdiv(r.num_computed_tokens, bs)
+            else:
+                assert r.num_computed_tokens == 0
+        assert set(kv.block_tables) <= running
+        assert set(kv.swap_space.tables) <= waiting
 
     def teardown(self):
         if not hasattr(self, "sched"):
             return
         self.sched.finish_requests(list(self.sched.requests), RequestStatus.FINISHED_ABORTED)
+        self.sched.schedule()  # the step boundary returns CPU blocks given up meanwhile
         kv = self.sched.kv_cache_manager
         assert kv.num_free_blocks == self.num_blocks and not kv.block_tables
+        assert kv.swap_space.num_free_blocks == self.num_cpu_blocks and not kv.swap_space.tables
         assert not self.sched.has_unfinished_requests()
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=80, stateful_step_count=40, deadline=None
+    max_examples=150, stateful_step_count=50, deadline=None
 )
 TestSchedulerStateMachine = SchedulerMachine.TestCase

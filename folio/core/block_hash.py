@@ -1,0 +1,58 @@
+"""BlockHash: the identity of a full KV block's contents, chained from its parent block.
+
+The K/V of a token depend on the token and on every token before it (through attention), so a
+full block is identified by the hash of its parent block's hash and its own token ids. Two
+requests whose first k blocks hash equal hold equal K/V in those blocks, whatever else differs.
+
+Anything else that changes K/V must enter the chain too. Today that is only a request's
+`cache_salt` (it isolates tenants: two salts never share a block); LoRA adapters or multimodal
+inputs will join it the same way, as extra bytes of the first block.
+
+SHA-256 (truncated to 128 bits) rather than Python's hash(): a collision would silently serve
+one request another's K/V, and token ids are chosen by users, so the hash must not be one they
+can collide on purpose. It costs about a microsecond per block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+from folio.core.request import Request
+
+BlockHash = bytes  # 16 bytes
+
+_ROOT = b"folio-kv-block-v1"
+
+
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra: bytes = b"") -> BlockHash:
+    """The hash of a full block: its parent's hash (None for a request's first block), its
+    token ids and any extra bytes that change its K/V."""
+    h = hashlib.sha256(_ROOT if parent is None else parent)
+    h.update(len(extra).to_bytes(4, "little"))
+    h.update(extra)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()[:16]
+
+
+def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> list[BlockHash]:
+    """The hashes of the request's first num_blocks full blocks, extending request.block_hashes.
+
+    Token ids only ever grow at the end, so a hash once computed stays valid; each block is
+    hashed once in the request's life. num_blocks may not exceed the full blocks it holds.
+    """
+    hashes = request.block_hashes
+    if num_blocks > request.num_tokens // block_size:
+        raise ValueError(
+            f"{request.request_id}: {num_blocks} full blocks asked, it has "
+            f"{request.num_tokens // block_size}."
+        )
+    tokens = request.all_token_ids
+    salt = request.cache_salt.encode() if request.cache_salt else b""
+    while len(hashes) < num_blocks:
+        i = len(hashes)
+        parent = hashes[i - 1] if i else None
+        block = tokens[i * block_size : (i + 1) * block_size]
+        hashes.append(hash_block(parent, block, salt if i == 0 else b""))
+    return hashes[:num_blocks]
