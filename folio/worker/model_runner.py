@@ -167,15 +167,17 @@ class ModelRunner:
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
         result = self.sampler(logits, metadata)
         token_ids = result.sampled_token_ids.tolist()  # the one device->host sync of the step
-        lp_ids = lp_values = ranks = None
-        if result.logprobs is not None:
-            lp_ids = result.logprob_token_ids.tolist()
-            lp_values = result.logprobs.tolist()
-            ranks = result.sampled_ranks.tolist()
+        sampled = output.sampled_token_ids
         for row, batch_index in enumerate(inputs.sampling_batch_indices):
-            output.sampled_token_ids[batch_index] = [token_ids[row]]
+            sampled[batch_index] = [token_ids[row]]
+        if result.logprobs is None:
+            return
+        lp_ids = result.logprob_token_ids.tolist()
+        lp_values = result.logprobs.tolist()
+        ranks = result.sampled_ranks.tolist()
+        for row, batch_index in enumerate(inputs.sampling_batch_indices):
             num = scheduled[batch_index].request.sampling_params.logprobs
-            if num is not None and lp_ids is not None:
+            if num is not None:
                 output.logprobs[batch_index] = [
                     TokenLogprobs(lp_ids[row][: num + 1], lp_values[row][: num + 1], ranks[row])
                 ]
