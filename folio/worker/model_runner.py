@@ -12,6 +12,7 @@ from folio.logger import init_logger
 from folio.models.loader import load_model
 from folio.sample.metadata import SamplingMetadata, SamplingRow
 from folio.sample.sampler import Sampler, gather_logprobs, make_request_generator
+from folio.worker import block_ops
 from folio.worker import kv_cache as kvc
 from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, graph_batch_sizes
 from folio.worker.step_inputs import PromptLogprobsPlan, StepInputBuilder, StepInputs
@@ -39,6 +40,8 @@ class ModelRunner:
             dtype=self.dtype,
         )
         self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, dim]
+        # CPU blocks for preemption by swap (allocated, pinned on a GPU, on the first swap-out).
+        self.swap_pool = block_ops.SwapPool.for_config(self.kv_spec, config, self.device)
         sched = config.scheduler
         self.inputs = StepInputBuilder(
             sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_model_len, self.block_size, self.device
@@ -211,16 +214,12 @@ class ModelRunner:
         return SamplingRow(params, request.prompt_token_ids, request.output_token_ids, generator)
 
     def _move_blocks(self, scheduler_output: SchedulerOutput) -> None:
-        """Copy-on-write copies and swaps the scheduler asked for, before this step's forward."""
-        if scheduler_output.blocks_to_copy:
+        """Swap-outs, copy-on-write copies and swap-ins the scheduler asked for, in that order,
+        before this step's forward (worker/block_ops.py)."""
+        so = scheduler_output
+        if so.blocks_to_copy or so.blocks_to_swap_out or so.blocks_to_swap_in:
             assert self.kv_cache is not None
-            src, dst = zip(*scheduler_output.blocks_to_copy)
-            src_t = torch.tensor(src, device=self.device)
-            dst_t = torch.tensor(dst, device=self.device)
-            # [layers, 2, blocks, ...]: one indexed copy moves the blocks of every layer.
-            self.kv_cache[:, :, dst_t] = self.kv_cache[:, :, src_t]
-        if scheduler_output.blocks_to_swap_out or scheduler_output.blocks_to_swap_in:
-            raise NotImplementedError("swapping KV blocks to the CPU is not built yet")
+            block_ops.apply_block_moves(self.kv_cache, self.swap_pool, so)
 
     def _forget(self, request_ids: frozenset[str]) -> None:
         self.inputs.forget(request_ids)
