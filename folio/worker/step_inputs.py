@@ -120,6 +120,7 @@ class StepInputBuilder:
         padded_tokens = num_tokens + (padded_seqs - num_seqs)
         if self._copied is not None:
             self._copied.synchronize()
+        self.block_table.begin_step()
         h = self.buffers.np
         rows, starts, counts, logits_rows, sampling, plans = self._fill_token_ids(
             scheduled, h["input_ids"], prompt_logprobs_done

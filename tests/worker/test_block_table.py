@@ -32,10 +32,11 @@ def test_rows_follow_appends_copy_on_write_and_reallocation():
 
 def test_dropped_rows_are_reused_and_start_empty():
     table = BlockTable(max_rows=2, max_blocks_per_seq=4)
+    table.begin_step()
     row_a = table.row_for("a", [1, 2, 3])
     table.row_for("b", [4])
     with pytest.raises(RuntimeError, match="full"):
-        table.row_for("c", [5])
+        table.row_for("c", [5])  # both rows are in use this step
     table.drop("a")
     table.drop("a")  # dropping twice is harmless
     assert table.row_for("c", [5, 6]) == row_a
@@ -51,3 +52,15 @@ def test_gather_is_a_contiguous_prefix_in_batch_order():
     got = table.gather(np.array([rows[2], rows[0]]), 3, out)
     assert got.flags.c_contiguous and got.shape == (2, 3)
     assert got[0, :2].tolist() == [5, 6] and got[1].tolist() == [1, 2, 3]
+
+
+def test_rows_of_requests_never_dropped_are_reclaimed_when_full():
+    table = BlockTable(max_rows=2, max_blocks_per_seq=4)
+    table.begin_step()
+    table.row_for("a", [1])
+    table.row_for("b", [2])
+    table.begin_step()  # "a" and "b" vanished without a drop
+    table.row_for("c", [3, 4])
+    table.row_for("a", [5])  # a stale id comes back: its row is rebuilt, not reused stale
+    assert _row(table, "c", 2) == [3, 4] and _row(table, "a", 1) == [5]
+    assert "b" not in table.rows
