@@ -77,21 +77,44 @@ class InputProcessor:
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> list[Request]:
-        """One Request per sample: n > 1 fans out into children `{i}_{request_id}`.
+        """One Request per sample: best_of (>= n) > 1 fans out into children `{i}_{request_id}`.
 
+        The children form a fork family: child 0 computes the prompt, the others wait for it
+        and share its blocks (core/admission.py), computing only the last prompt token each.
         With a seed, child i samples with seed + i, so samples differ but repeat across runs.
+        Only child 0 scores the prompt (prompt_logprobs). With best_of > n every child tracks
+        its cumulative log-prob (logprobs=0 at least), by which the n best are returned.
         """
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        if params.n == 1:
+        num_samples = params.best_of or params.n
+        if num_samples == 1:
             return [self._request(request_id, prompt, params, arrival, priority)]
-        children = []
-        for index in range(params.n):
+        children: list[Request] = []
+        for index in range(num_samples):
             child = params.clone()
             child.n = child.best_of = 1
             if params.seed is not None:
                 child.seed = params.seed + index
-            children.append(self._request(child_request_id(index, request_id), prompt, child, arrival, priority))
+            if index > 0:
+                child.prompt_logprobs = None
+            if num_samples > params.n and child.logprobs is None:
+                child.logprobs = 0
+            request = self._request(child_request_id(index, request_id), prompt, child, arrival, priority)
+            request.family_id = request_id
+            request.parent = children[0] if children else None
+            children.append(request)
         return children
+
+    def check_beam_search(self, params: Any, num_prompt_tokens: int) -> None:
+        """Beams ask for max(2, 1 + #eos) * beam_width log-probs per token: within max_logprobs."""
+        self.check_length(num_prompt_tokens)
+        num_eos = 0 if params.ignore_eos else len(self.eos_token_ids)
+        wanted = max(2, 1 + num_eos) * params.beam_width
+        if wanted > self.max_logprobs:
+            raise ValueError(
+                f"beam_width={params.beam_width} needs {wanted} log-probs per token, more than "
+                f"max_logprobs={self.max_logprobs}; raise max_logprobs or lower beam_width."
+            )
 
     def _request(self, request_id, prompt, params, arrival, priority) -> Request:
         params.update_from_model(self.eos_token_ids)

@@ -16,6 +16,7 @@ from folio.config import EngineConfig
 from folio.core.request import RequestStatus
 from folio.core.scheduler import Scheduler
 from folio.engine.arg_utils import EngineArgs
+from folio.engine.beam_search import BeamSearchManager, BeamSearchParams
 from folio.engine.input_processor import InputProcessor, PromptType
 from folio.engine.output_processor import OutputProcessor
 from folio.logger import init_logger
@@ -44,6 +45,28 @@ class EngineStats:
     num_free_blocks: int
     kv_cache_usage: float
     num_preemptions: int
+    # Prefix caching, counted in tokens since start (a lookup per admission, resumes included).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_hit_rate: float = 0.0  # hits / queries
+    num_cached_blocks: int = 0  # blocks holding a cached full block's K/V now (used or free)
+    num_evicted_blocks: int = 0  # cached blocks reallocated, since start
+    # Work done: tokens put through the model since start, and of them prompt tokens.
+    num_computed_tokens: int = 0
+    num_computed_prompt_tokens: int = 0
+    # Sharing and swapping since start.
+    num_copied_blocks: int = 0  # copy-on-write copies
+    num_swap_preemptions: int = 0  # of num_preemptions, those that swapped instead of recomputing
+    num_swapped_out_blocks: int = 0
+    num_swapped_in_blocks: int = 0
+    num_cpu_blocks: int = 0
+    num_free_cpu_blocks: int = 0
+    # KV waste, over all steps so far (core/kv_waste.py): the fraction of allocated paged KV
+    # slots holding no token, and what contiguous per-request preallocation would have wasted
+    # on the same running requests, reserving max_model_len or prompt + max_tokens each.
+    kv_waste_fraction: float = 0.0
+    kv_waste_fraction_prealloc_max_model_len: float = 0.0
+    kv_waste_fraction_prealloc_max_tokens: float = 0.0
 
 
 class LLMEngine:
@@ -54,10 +77,17 @@ class LLMEngine:
         self.runner = ModelRunner(config)
         self.num_blocks = self.runner.determine_num_blocks()
         self.runner.initialize_kv_cache(self.num_blocks)
-        self.scheduler = Scheduler(config.scheduler, self.num_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(
+            config.scheduler,
+            self.num_blocks,
+            config.cache.block_size,
+            enable_prefix_caching=config.cache.enable_prefix_caching,
+            num_cpu_blocks=self.runner.swap_pool.num_blocks,
+        )
         eos = eos_token_ids(self.tokenizer, config.model.generation_config)
         self.input_processor = InputProcessor(config.model, self.tokenizer, eos, max_logprobs)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.beam_search = BeamSearchManager(self.scheduler, self.tokenizer, eos, config.model.max_model_len)
         self._request_errors: dict[str, Exception] = {}
         logger.info(
             "Engine ready in %.1f s: %s on %s, dtype %s, max_model_len %d, max_num_seqs %d, "
@@ -80,15 +110,22 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams | None = None,
+        params: SamplingParams | BeamSearchParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> None:
-        """Queue a request; raises ValueError (nothing queued) if anything about it is invalid."""
-        if request_id in self.output_processor.requests:
+        """Queue a request; raises ValueError (nothing queued) if anything about it is invalid.
+
+        With BeamSearchParams the request is a beam search: one RequestOutput when it is done,
+        its beam_width best sequences as completions, best first (engine/beam_search.py)."""
+        if request_id in self.output_processor.requests or request_id in self.beam_search.searches:
             raise ValueError(f"Request id {request_id!r} is already in use.")
         params = params if params is not None else self.default_sampling_params()
         processed = self.input_processor.process_prompt(prompt)
+        if isinstance(params, BeamSearchParams):
+            self.input_processor.check_beam_search(params, len(processed.token_ids))
+            self.beam_search.add(request_id, processed, params, arrival_time, priority)
+            return
         self.input_processor.check_params(params, len(processed.token_ids))
         requests = self.input_processor.make_requests(
             request_id, processed, params, arrival_time, priority
@@ -112,12 +149,15 @@ class LLMEngine:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         core_ids = self.output_processor.abort_requests(ids)
         self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ABORTED)
+        self.beam_search.abort(ids)
 
     def step(self) -> list[RequestOutput]:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.runner.execute_model(scheduler_output)
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        beam_outputs, core_outputs = self.beam_search.process(core_outputs)
         outputs, stopped = self.output_processor.process_outputs(core_outputs)
+        outputs += beam_outputs
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         for request_id, (error, core_ids) in self.output_processor.take_errors().items():
@@ -136,10 +176,10 @@ class LLMEngine:
         return errors
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.has_unfinished_requests()
+        return self.output_processor.has_unfinished_requests() or self.beam_search.has_unfinished()
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.output_processor.requests)
+        return len(self.output_processor.requests) + len(self.beam_search.searches)
 
     # ---- information ------------------------------------------------------------------------
     def get_tokenizer(self) -> Any:
@@ -166,7 +206,32 @@ class LLMEngine:
             num_free_blocks=s.kv_cache_manager.num_free_blocks,
             kv_cache_usage=s.kv_usage,
             num_preemptions=s.num_preemptions,
+            **_memory_stats(s),
         )
+
+
+def _memory_stats(s: Scheduler) -> dict[str, Any]:
+    """Prefix cache, sharing, swap and KV waste counters for EngineStats."""
+    kv, waste = s.kv_cache_manager, s.waste
+    cache, swap = kv.prefix_cache, kv.swap_space
+    return dict(
+        prefix_cache_queries=kv.prefix_cache_queries,
+        prefix_cache_hits=kv.prefix_cache_hits,
+        prefix_cache_hit_rate=kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else 0.0,
+        num_cached_blocks=cache.num_cached_blocks if cache is not None else 0,
+        num_evicted_blocks=cache.num_evicted_blocks if cache is not None else 0,
+        num_computed_tokens=s.num_computed_tokens,
+        num_computed_prompt_tokens=s.num_computed_prompt_tokens,
+        num_copied_blocks=kv.num_copied_blocks,
+        num_swap_preemptions=s.num_swap_preemptions,
+        num_swapped_out_blocks=swap.num_swapped_out_blocks,
+        num_swapped_in_blocks=swap.num_swapped_in_blocks,
+        num_cpu_blocks=swap.num_blocks,
+        num_free_cpu_blocks=swap.num_free_blocks,
+        kv_waste_fraction=waste.waste_fraction,
+        kv_waste_fraction_prealloc_max_model_len=waste.prealloc_max_model_len_waste_fraction,
+        kv_waste_fraction_prealloc_max_tokens=waste.prealloc_max_tokens_waste_fraction,
+    )
 
 
 def _load_tokenizer(config: EngineConfig) -> Any:

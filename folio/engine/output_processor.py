@@ -48,6 +48,7 @@ class RequestState:
     prompt_logprobs: list[dict[int, Logprob] | None] | None
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    n: int = 1  # completions returned: the n best of the samples when best_of > n
 
     @property
     def finished(self) -> bool:
@@ -82,7 +83,9 @@ class OutputProcessor:
                 index=i,
                 params=p,
                 detokenizer=self._detokenizer(prompt_token_ids, p),
-                logprobs=[] if p.logprobs is not None else None,
+                # The caller's wish decides what is returned; a best_of sample tracks its
+                # cumulative log-prob (its params ask logprobs=0) even when none are returned.
+                logprobs=[] if params.logprobs is not None else None,
                 cumulative_logprob=0.0 if p.logprobs is not None else None,
             )
             for i, (core_id, p) in enumerate(zip(core_request_ids, child_params))
@@ -95,6 +98,7 @@ class OutputProcessor:
             samples=samples,
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
             metrics=RequestMetrics(arrival_time=arrival_time),
+            n=params.n,
         )
         self.requests[request_id] = state
         for sample in samples:
@@ -174,9 +178,10 @@ class OutputProcessor:
     def _update_sample(self, sample: SampleState, out: EngineCoreOutput) -> bool:
         """Apply one step to a sample; True if a stop string ended it (core must be told)."""
         sample.token_ids.extend(out.new_token_ids)
-        if sample.logprobs is not None and out.new_logprobs:
-            for entry in out.new_logprobs:
+        for entry in out.new_logprobs or ():
+            if sample.logprobs is not None:
                 sample.logprobs.append(self._logprob_dict(entry))
+            if sample.cumulative_logprob is not None:
                 sample.cumulative_logprob += entry.logprobs[0]
         stopped = False
         if sample.detokenizer is not None and out.new_token_ids:
@@ -216,9 +221,17 @@ class OutputProcessor:
     # ---- building RequestOutputs ------------------------------------------------------------
     def _make_output(self, state: RequestState) -> RequestOutput | None:
         kind = state.output_kind
+        samples = state.samples
+        if len(samples) > state.n:  # best_of: only the n best, once all are done
+            if not state.finished:
+                return None
+            kind = RequestOutputKind.FINAL_ONLY
+            samples = sorted(samples, key=lambda s: -(s.cumulative_logprob or 0.0))[: state.n]
+            for rank, sample in enumerate(samples):
+                sample.index = rank
         if kind == RequestOutputKind.FINAL_ONLY and not state.finished:
             return None
-        completions = [self._completion(s, kind) for s in state.samples]
+        completions = [self._completion(s, kind) for s in samples]
         if kind == RequestOutputKind.DELTA:
             completions = [c for c in completions if c is not None]
         return RequestOutput(

@@ -10,6 +10,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from folio.engine.arg_utils import EngineArgs
+from folio.engine.beam_search import BeamSearchOutput, BeamSearchParams, to_beam_search_output
 from folio.engine.input_processor import PromptType
 from folio.engine.llm_engine import LLMEngine
 from folio.outputs import RequestOutput
@@ -84,6 +85,21 @@ class LLM:
         request_ids = self._add_requests(prompt_list, params_list, priority)
         return self._run_engine(request_ids, use_tqdm)
 
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        use_tqdm: bool = False,
+    ) -> list[BeamSearchOutput]:
+        """Beam search over each prompt (vLLM's signature): beam_width sequences per prompt,
+        best first, each with the prompt's tokens included. The beams share K/V blocks by
+        reference count; engine/beam_search.py gives the algorithm (transformers')."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}.")
+        prompt_list = _as_prompt_list(prompts)
+        request_ids = self._add_requests(prompt_list, [params] * len(prompt_list), None)
+        return [to_beam_search_output(o) for o in self._run_engine(request_ids, use_tqdm)]
+
     def chat(
         self,
         messages: ChatMessages | Sequence[ChatMessages],
@@ -141,7 +157,7 @@ class LLM:
     def _add_requests(
         self,
         prompts: list[PromptType],
-        params: list[SamplingParams],
+        params: Sequence[SamplingParams | BeamSearchParams],
         priority: list[int] | None,
     ) -> list[str]:
         """Add all or none: if any prompt is invalid, the ones already added are withdrawn."""
