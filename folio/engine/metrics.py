@@ -65,6 +65,8 @@ class EngineMetrics:
         }
         self._tallies: dict[str, _Tally] = {}
         self._preemptions_seen = 0
+        self.num_steps = 0  # plain copies of the step series, for in-process measurements
+        self.busy_seconds = 0.0
 
     def _series(self, kind, name: str, documentation: str, **kwargs):
         metric = kind(name, documentation, list(self._labels), registry=self.registry, **kwargs)
@@ -82,6 +84,8 @@ class EngineMetrics:
     def record_step(self, outputs: list[RequestOutput], seconds: float) -> None:
         self.steps.inc()
         self.step_seconds.inc(seconds)
+        self.num_steps += 1
+        self.busy_seconds += seconds
         for output in outputs:
             self._record_output(output)
 

@@ -46,7 +46,7 @@ def _error(response: httpx.Response, status: int) -> dict:
     ({"seed": "x"}, "seed"),
     ({"stop": [""]}, "stop"),
     ({"stop": 5}, "stop"),
-    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
     ({"stop_token_ids": [10**6]}, "stop_token_ids"),
     ({"logit_bias": {"abc": 1}}, "logit_bias"),
     ({"logit_bias": {"999999": 1}}, "logit_bias"),
@@ -62,6 +62,9 @@ def _error(response: httpx.Response, status: int) -> dict:
     ({"suffix": "end"}, "suffix"),
     ({"best_of": 3}, "best_of"),
     ({"stream": "yes please"}, "stream"),
+    ({"logprobs": False}, "logprobs"),
+    ({"max_tokens": "5"}, "max_tokens"),
+    ({"prompt": [True, False]}, "prompt"),
 ])
 def test_invalid_completion_fields_are_400_naming_the_field(server, fields, param):
     body = {"prompt": "Hello", "max_tokens": 4, **fields}
@@ -223,6 +226,21 @@ def test_full_waiting_queue_answers_503_with_retry_after(server):
         assert results["first"].status_code == results["second"].status_code == 200
     finally:
         llm.max_waiting_requests = saved
+
+
+def test_a_batch_is_added_all_or_none(server):
+    llm = server.engine
+    llm.max_waiting_requests, saved = 2, llm.max_waiting_requests
+    try:
+        body = {"prompt": ["a", "b", "c", "d"], "max_tokens": 200, "ignore_eos": True}
+        error = _error(httpx.post(f"{server.base_url}/completions", json=body), 503)
+        assert error["code"] == "queue_full"
+    finally:
+        llm.max_waiting_requests = saved
+    wait_for(lambda: llm.num_in_flight == 0 and llm.stats().num_running + llm.stats().num_waiting == 0,
+             "the accepted half of the batch to be withdrawn")
+    stats = llm.stats()
+    assert stats.num_free_blocks == stats.num_blocks
 
 
 # ---- one request failing, and the engine failing ---------------------------------------------------

@@ -36,10 +36,10 @@ CHECKS = [
 POSITIVE, NEGATIVE = GenerationMode.POSITIVE, GenerationMode.NEGATIVE
 # (method, path, examples per mode). Operations without a body have no invalid input to make.
 OPERATIONS = [
-    ("POST", "/v1/completions", 30, (POSITIVE, NEGATIVE)),
-    ("POST", "/v1/chat/completions", 30, (POSITIVE, NEGATIVE)),
-    ("POST", "/tokenize", 15, (POSITIVE, NEGATIVE)),
-    ("POST", "/detokenize", 15, (POSITIVE, NEGATIVE)),
+    ("POST", "/v1/completions", 60, (POSITIVE, NEGATIVE)),
+    ("POST", "/v1/chat/completions", 60, (POSITIVE, NEGATIVE)),
+    ("POST", "/tokenize", 30, (POSITIVE, NEGATIVE)),
+    ("POST", "/detokenize", 30, (POSITIVE, NEGATIVE)),
     ("GET", "/v1/models", 3, (POSITIVE,)),
     ("GET", "/v1/models/{model}", 10, (POSITIVE,)),
     ("GET", "/health", 2, (POSITIVE,)),

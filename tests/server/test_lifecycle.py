@@ -105,9 +105,13 @@ class ServerProcess:
         self.lines: list[str] = []
         self.url: str | None = None
         threading.Thread(target=self._drain, daemon=True).start()
-        wait_for(lambda: self.url is not None or self.proc.poll() is not None, "the server to log its URL")
-        assert self.url, "".join(self.lines)
-        wait_for(self._healthy, "the server to answer /health")
+        try:
+            wait_for(lambda: self.url is not None or self.proc.poll() is not None, "the server to log its URL")
+            assert self.url, "".join(self.lines)
+            wait_for(self._healthy, "the server to answer /health")
+        except BaseException:
+            self.stop()
+            raise
 
     def _drain(self) -> None:
         for line in self.proc.stderr:

@@ -155,28 +155,28 @@ def validation_error(errors: list[dict[str, Any]]) -> BadRequestError:
 
 
 def _param(loc: Any) -> str | None:
-    """('body', 'messages', 0, 'content') -> 'messages[0].content'; the body itself -> None."""
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'; the body itself -> None.
+
+    The path stops at a dict key or a union branch's type name ('list[int]', 'constrained-str'):
+    those are not fields. A model's class name (a branch of a union of models) is skipped.
+    """
     parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:]
-    # Unions add their branch names ("str", "list[int]", ...) to the location: not fields.
     text = ""
     for part in parts:
         if isinstance(part, int):
             text += f"[{part}]"
-        elif _is_branch_name(str(part)):
+        elif not isinstance(part, str) or not part.isidentifier() or part in _TYPE_NAMES:
+            break
+        elif part[0].isupper():
             continue
         else:
-            text += f".{part}" if text else str(part)
+            text += f".{part}" if text else part
     return text or None
 
 
-_BRANCH_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
-
-
-def _is_branch_name(part: str) -> bool:
-    # "list[int]", "function-after[...]", or a model's class name (TokenizeChatRequest).
-    return part in _BRANCH_NAMES or "[" in part or part[:1].isupper()
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def sse_error(error: APIError) -> str:

@@ -7,6 +7,7 @@ all or nothing. Prompts are tokenized here, on the event loop, so the engine thr
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -142,19 +143,30 @@ class OpenAIServing:
         params: list[SamplingParams],
         priority: int = 0,
     ) -> list[RequestStream]:
-        """Add one engine request per prompt (ids `{request_id}-{i}` when several): all or none."""
-        streams: list[RequestStream] = []
+        """Add one engine request per prompt (ids `{request_id}-{i}` when several): all or none.
+
+        All adds go to the engine at once (one round trip, not one per prompt).
+        """
+        adds = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            engine_prompt = {"prompt_token_ids": prompt.token_ids}
+            if prompt.text is not None:
+                engine_prompt["prompt"] = prompt.text
+            adds.append(asyncio.ensure_future(self.engine.add_request(engine_id, engine_prompt, p, priority)))
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, params)):
-                engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                engine_prompt = {"prompt_token_ids": prompt.token_ids}
-                if prompt.text is not None:
-                    engine_prompt["prompt"] = prompt.text
-                streams.append(await self.engine.add_request(engine_id, engine_prompt, p, priority))
-        except BaseException as e:
+            results = await asyncio.gather(*adds, return_exceptions=True)
+        except asyncio.CancelledError:  # the client left: withdraw whatever was added
+            for add in adds:
+                add.cancel()
+            for add in adds:
+                if add.done() and not add.cancelled() and add.exception() is None:
+                    add.result().abort()
+            raise
+        streams = [r for r in results if isinstance(r, RequestStream)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
             for stream in streams:
                 stream.abort()
-            if isinstance(e, Exception):
-                raise from_engine_error(e) from None
-            raise
+            raise from_engine_error(errors[0]) if isinstance(errors[0], Exception) else errors[0]
         return streams

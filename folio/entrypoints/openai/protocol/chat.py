@@ -16,7 +16,7 @@ MAX_TOP_LOGPROBS = 20
 class ChatContentPart(BaseModel):
     """A part of a message's content; only {"type": "text", "text": ...} can be rendered."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
 
@@ -24,7 +24,7 @@ class ChatContentPart(BaseModel):
 class ChatMessage(BaseModel):
     """A message as the chat template sees it: extra keys (tool_calls, ...) reach the template."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: str
     content: str | list[ChatContentPart] | None = None
     name: str | None = None
@@ -32,7 +32,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     # vLLM's extras

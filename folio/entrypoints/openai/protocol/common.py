@@ -1,13 +1,14 @@
 """Shapes shared by every endpoint: errors, usage, models, and the sampling fields of a request.
 
 Request models ignore fields they do not know (OpenAI adds fields often; clients send them).
-Field *values* are checked once, by SamplingParams, whose errors name the field: the models
-here only fix the JSON types, plus the few limits that belong to the API (n, top_logprobs).
+The bounds declared here put SamplingParams' simple limits into the OpenAPI schema, so clients
+and fuzzers see them; SamplingParams stays the authority (NaN, infinities, min_tokens against
+max_tokens, token ids against the vocabulary) and its errors name the field too.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,9 +17,13 @@ from folio.sampling_params import RequestOutputKind, SamplingParams
 # OpenAI's own cap on choices per request; it also bounds the work one request can ask for.
 MAX_N = 128
 
+TokenId = Annotated[int, Field(ge=0)]
+
 
 class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """A request body. Strict: JSON types as declared (false is not 0, "1" is not 1)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 # ---- errors -----------------------------------------------------------------------------------
@@ -97,25 +102,25 @@ class SamplingRequest(OpenAIBaseModel):
     """Fields that completions and chat share: OpenAI's, then vLLM's extras."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     user: str | None = None
     # vLLM's extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool = False
-    min_tokens: int = 0
-    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from folio.entrypoints.openai.protocol.common import SamplingRequest, UsageInfo
+from folio.entrypoints.openai.protocol.common import SamplingRequest, TokenId, UsageInfo
 
 # A prompt is text, a batch of texts, token ids, or a batch of token id lists.
-Prompt = str | list[str] | list[int] | list[list[int]]
+Prompt = (
+    Annotated[str, Field(min_length=1)]
+    | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    | Annotated[list[TokenId], Field(min_length=1)]
+    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+)
 FinishReason = Literal["stop", "length", "abort"]
 
 
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0)
     best_of: int | None = None
     suffix: str | None = None
 

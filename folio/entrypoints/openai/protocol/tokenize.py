@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from folio.entrypoints.openai.protocol.chat import ChatMessage
-from folio.entrypoints.openai.protocol.common import OpenAIBaseModel
+from folio.entrypoints.openai.protocol.common import OpenAIBaseModel, TokenId
 
 
 class TokenizeCompletionRequest(OpenAIBaseModel):
@@ -33,13 +33,13 @@ TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
 class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
-    tokens: list[int]
+    tokens: list[TokenId]
     token_strs: list[str] | None = None
 
 
 class DetokenizeRequest(OpenAIBaseModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(BaseModel):
