@@ -241,9 +241,9 @@ class Scheduler:
         """
         while self.waiting and step.budget > 0:
             num_preempted = len(step.preempted)
-            if len(self.running) >= self.config.max_num_seqs and not self._park_a_paused_beam(step):
-                break
             request = self.waiting.peek()
+            if len(self.running) >= self.config.max_num_seqs and not self._park_a_paused_beam(request, step):
+                break
             num_new = self._allocate_for_newcomer(request, step)
             if num_new == 0:
                 break
@@ -255,9 +255,10 @@ class Scheduler:
             if len(step.preempted) > num_preempted:
                 break
 
-    def _park_a_paused_beam(self, step: ScheduleStep) -> bool:
+    def _park_a_paused_beam(self, newcomer: Request, step: ScheduleStep) -> bool:
+        """Free a seat for the newcomer by parking the newest paused beam, if it could start."""
         paused = [r for r in self.running if r.paused]
-        if not paused:
+        if not paused or plan_admission(self.kv_cache_manager, self.config, newcomer, step) is None:
             return False
         self.running.remove(paused[-1])
         self._preempt(paused[-1], step)
