@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from folio.outputs import CompletionOutput, Logprob, RequestOutput
-from folio.sampling_params import RequestOutputKind, SamplingParams
+from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from folio.version import __version__
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "LLM",
+    "BeamSearchParams",
     "CompletionOutput",
     "EngineArgs",
     "LLMEngine",

@@ -213,3 +213,25 @@ def _check_int(name: str, value: Any, minimum: int, what: str | None = None) -> 
         raise SamplingParamsError(
             name, f"{name} must be {what or f'at least {minimum}'}, got {value}."
         )
+
+
+@dataclass(frozen=True)
+class BeamSearchParams:
+    """Beam search settings, with vLLM's names and import path (`LLM.beam_search`)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("beam_width", self.beam_width, minimum=1)
+        _check_int("max_tokens", self.max_tokens, minimum=1)
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise SamplingParamsError(
+                "temperature", f"temperature must be non-negative, got {self.temperature}."
+            )
+        _check_number("length_penalty", self.length_penalty)

@@ -41,25 +41,7 @@ from folio.core.scheduler import Scheduler
 from folio.engine.detokenizer import decode_token
 from folio.engine.input_processor import ProcessedPrompt
 from folio.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from folio.sampling_params import SamplingParams
-
-
-@dataclass(frozen=True)
-class BeamSearchParams:
-    beam_width: int
-    max_tokens: int
-    ignore_eos: bool = False
-    temperature: float = 0.0
-    length_penalty: float = 1.0
-    include_stop_str_in_output: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("beam_width", "max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+from folio.sampling_params import BeamSearchParams, SamplingParams
 
 
 @dataclass
