@@ -222,7 +222,11 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--modes", default="offline,async,http")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; the best of each mode is summarized")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (OMP_NUM_THREADS) in every mode; on a small shared "
+                             "machine, spinning OpenMP workers make timings erratic")
     args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch is imported; the server inherits it
     engine_kwargs = {"model": args.model, "device": "cpu", "dtype": "float32", "max_model_len": args.max_model_len}
     from folio.engine.arg_utils import EngineArgs
 

@@ -195,3 +195,24 @@ def test_chat_logprobs_shape(client, model_name):
         if chunk.choices and chunk.choices[0].logprobs:
             streamed += chunk.choices[0].logprobs.content
     assert [t.token for t in streamed] == [t.token for t in content]
+
+
+@pytest.mark.parametrize("usage_null", [False, True])
+def test_chunk_format_writes_what_the_chunk_models_write(usage_null):
+    from folio.entrypoints.openai.protocol import (
+        ChatCompletionStreamResponse,
+        ChatStreamChoice,
+        CompletionChoice,
+        CompletionStreamResponse,
+        DeltaMessage,
+    )
+    from folio.entrypoints.openai.streaming import ChunkFormat, sse
+
+    exclude = None if usage_null else {"usage"}
+    choice = CompletionChoice(index=3, text='é "quoted"\n', logprobs=None, finish_reason="stop", stop_reason="\n")
+    whole = CompletionStreamResponse(id="cmpl-1", created=7, model="m/ü", choices=[choice])
+    assert ChunkFormat("cmpl-1", "text_completion", 7, "m/ü", usage_null).event(choice) == sse(whole, exclude=exclude)
+    delta = ChatStreamChoice(index=0, delta=DeltaMessage(content="hi"))
+    chat = ChatCompletionStreamResponse(id="c", created=7, model="m", choices=[delta])
+    expected = sse(chat, exclude={"system_fingerprint"} | (exclude or set()))
+    assert ChunkFormat("c", "chat.completion.chunk", 7, "m", usage_null).event(delta) == expected

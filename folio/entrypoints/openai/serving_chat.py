@@ -26,7 +26,7 @@ from folio.entrypoints.openai.protocol import (
     make_usage,
 )
 from folio.entrypoints.openai.serving_engine import EnginePrompt, OpenAIServing, random_id
-from folio.entrypoints.openai.streaming import DONE, EventStreamResponse, final_outputs, sse
+from folio.entrypoints.openai.streaming import DONE, ChunkFormat, EventStreamResponse, final_outputs, sse
 from folio.outputs import CompletionOutput, RequestOutput
 from folio.sampling_params import SamplingParams
 
@@ -119,10 +119,7 @@ class OpenAIServingChat(OpenAIServing):
         yield DONE
 
     def _event(self, call: _Call, choice: ChatStreamChoice) -> str:
-        chunk = ChatCompletionStreamResponse(
-            id=call.request_id, created=call.created, model=call.model, choices=[choice]
-        )
-        return sse(chunk, exclude=None if call.request.include_usage_in_stream else {"usage"})
+        return call.chunks.event(choice)
 
     def _delta_choice(self, call: _Call, c: CompletionOutput) -> ChatStreamChoice | None:
         logprobs = self._logprobs(call, c)
@@ -143,6 +140,7 @@ class _Call:
         self.request_id = request_id
         self.created = created
         self.model = model
+        self.chunks = ChunkFormat(request_id, "chat.completion.chunk", created, model, request.include_usage_in_stream)
 
 
 def _usage(output: RequestOutput, completion_tokens: int | None = None) -> UsageInfo:

@@ -19,7 +19,14 @@ from folio.entrypoints.openai.protocol import (
     make_usage,
 )
 from folio.entrypoints.openai.serving_engine import EnginePrompt, OpenAIServing, random_id
-from folio.entrypoints.openai.streaming import DONE, EventStreamResponse, final_outputs, iterate_streams, sse
+from folio.entrypoints.openai.streaming import (
+    DONE,
+    ChunkFormat,
+    EventStreamResponse,
+    final_outputs,
+    iterate_streams,
+    sse,
+)
 from folio.engine.async_llm import RequestStream
 from folio.outputs import CompletionOutput, RequestOutput
 
@@ -109,7 +116,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     completion_tokens += len(c.token_ids)
                     choice = self._delta_choice(call, i, output, c)
                     if choice is not None:
-                        yield sse(self._chunk(call, [choice]), exclude={"usage"})
+                        yield call.chunks.event(choice)
                 if output.finished:
                     finished.append(output)
             if call.request.include_usage_in_stream:
@@ -157,6 +164,7 @@ class _Call:
         self.model = model
         self.prompts = prompts
         self.offsets: dict[int, int] = {}  # choice index -> legacy text_offset reached
+        self.chunks = ChunkFormat(request_id, "text_completion", created, model, request.include_usage_in_stream)
 
     def prompt_text(self, i: int) -> str:
         return self.prompts[i].text or ""

@@ -8,6 +8,7 @@ never started at all.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 from pydantic import BaseModel
@@ -22,6 +23,25 @@ DONE = "data: [DONE]\n\n"
 
 def sse(chunk: BaseModel, *, exclude: set[str] | None = None) -> str:
     return f"data: {chunk.model_dump_json(exclude=exclude)}\n\n"
+
+
+class ChunkFormat:
+    """Events of one response, one choice each, written around a precomputed head.
+
+    Every chunk of a response repeats id, object, created and model; serializing only the choice
+    (the part that changes) keeps the event loop's work per token small, which is what the engine
+    thread competes with for the GIL. The text equals `sse(ChunkModel(...))` for the same fields.
+    """
+
+    def __init__(self, request_id: str, object_name: str, created: int, model: str, usage_null: bool) -> None:
+        head = json.dumps({"id": request_id, "object": object_name, "created": created, "model": model},
+                          ensure_ascii=False, separators=(",", ":"))
+        self._head = f'data: {head[:-1]},"choices":['
+        # With stream_options.include_usage every chunk carries "usage": null but the last.
+        self._tail = '],"usage":null}\n\n' if usage_null else "]}\n\n"
+
+    def event(self, choice: BaseModel) -> str:
+        return f"{self._head}{choice.model_dump_json()}{self._tail}"
 
 
 class EventStreamResponse(StreamingResponse):

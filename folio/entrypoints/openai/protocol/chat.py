@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from folio.entrypoints.openai.protocol.common import SamplingRequest, UsageInfo
 from folio.entrypoints.openai.protocol.completion import FinishReason
@@ -80,15 +80,16 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
-class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
+def _is_none(value: Any) -> bool:
+    return value is None
 
-    @model_serializer(mode="wrap")
-    def _only_what_changed(self, handler: Any) -> dict[str, Any]:
-        # OpenAI's deltas hold only what they change: {"role", "content": ""} first, then
-        # {"content": ...}, and {} beside the finish_reason.
-        return {k: v for k, v in handler(self).items() if v is not None}
+
+class DeltaMessage(BaseModel):
+    """What a chunk adds to the message: {"role", "content": ""} first, then {"content": ...},
+    and {} beside the finish_reason. Fields left None are left out, as in OpenAI's chunks."""
+
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=_is_none)
+    content: str | None = Field(default=None, exclude_if=_is_none)
 
 
 class ChatStreamChoice(BaseModel):
