@@ -1,39 +1,45 @@
 """AsyncLLM: the LLMEngine behind an asyncio front, for the server.
 
-The engine runs on its own thread and steps the whole batch back to back; HTTP handlers on the
-event loop never call into it directly. The two sides meet in two places only:
+The engine steps the whole batch back to back in an EngineLoop, on a thread of its own
+(EngineThread) or in a process of its own (EngineProcess, see engine_core.py); HTTP handlers on
+the event loop never call into it. The two sides meet in two places only:
 
-- commands (add, abort, stop) go to the engine thread through a thread-safe queue, which it
-  drains between steps (blocking on it only while it has nothing to do);
-- after taking commands, one `loop.call_soon_threadsafe` answers the adds (accepted, or the
-  error); after each step, one more hands the event loop every RequestOutput of the step and
-  the engine's stats.
+- commands (add, abort, stop) go to the loop, which drains them between steps (blocking only
+  while it has nothing to do);
+- the loop's messages come back through one `loop.call_soon_threadsafe` each: the answers to
+  the adds it just applied (Accepted), then after each step every RequestOutput of the step,
+  the requests whose processing failed, and the engine's stats (Stepped).
 
 So an HTTP handler waits at most one step for its request to be accepted, and a slow client
-never holds the engine: its outputs pile up in its RequestStream and are merged into one
-when it next reads (DELTA outputs concatenate). Torch releases the GIL inside its kernels, and
-the engine thread holds it for the Python around them; docs/serving.md measures how much
-stepping speed the HTTP side takes.
+never holds the engine: its outputs pile up in its RequestStream and are merged into one when
+it next reads (DELTA outputs concatenate). Metrics are recorded here, on the event loop, from
+the messages.
 
-Failure: an exception raised while adding one request, or while processing its output in a step
-(the engine isolates those, see LLMEngine.isolate_request_errors), fails that request only: its
-caller gets the error and the engine goes on. Any other exception from `step()` leaves the
-engine's state unknown: the engine is declared dead, every in-flight request fails with
-EngineDeadError, and new ones are refused.
+Failure: an invalid request (or one whose output processing raised) fails alone; if the loop
+dies (an exception from step(), or the engine process exits), every request in flight fails
+with EngineDeadError and new ones are refused; /health then answers 503.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
-import time
+import functools
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from folio.engine.arg_utils import EngineArgs
+from folio.engine.engine_core import EngineProcess, EngineThread
+from folio.engine.engine_loop import (
+    AbortCommand,
+    Accepted,
+    AddCommand,
+    Died,
+    StopCommand,
+    Stepped,
+    Stopped,
+)
 from folio.engine.input_processor import PromptType
 from folio.engine.llm_engine import EngineStats, LLMEngine
 from folio.engine.metrics import EngineMetrics
@@ -56,71 +62,56 @@ class QueueFullError(RuntimeError):
     """Too many sequences are waiting to be scheduled; the caller should retry later."""
 
 
-@dataclass(frozen=True)
-class _Add:
-    request_id: str
-    prompt: PromptType
-    params: SamplingParams
-    priority: int
-    future: asyncio.Future
-
-
-@dataclass(frozen=True)
-class _Abort:
-    request_id: str
-
-
-_STOP = object()
-
-
 class AsyncLLM:
-    """Serve many requests at once from one LLMEngine stepping on a dedicated thread.
+    """Serve many requests at once from one LLMEngine stepping on its own thread or process.
 
-        llm = AsyncLLM.from_engine_args(EngineArgs(model=path))
+        llm = AsyncLLM.from_engine_args(EngineArgs(model=path), engine_process=True)
         llm.start()                                   # inside the running event loop
         async for output in llm.generate("Hello", SamplingParams(...), "req-1"): ...
     """
 
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: LLMEngine | None = None,
         *,
+        core: EngineThread | EngineProcess | None = None,
         max_waiting_requests: int | None = None,
         metrics: EngineMetrics | None = None,
     ) -> None:
+        if (engine is None) == (core is None):
+            raise ValueError("Pass an engine (it runs on a thread) or a core, not both.")
         if max_waiting_requests is not None and max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be at least 1 (or None), got {max_waiting_requests}.")
-        self.engine = engine
-        engine.isolate_request_errors()
+        self.core = core if core is not None else EngineThread(engine)
+        self.engine = self.core.engine  # the LLMEngine when it runs on a thread here, else None
         self.max_waiting_requests = max_waiting_requests
-        self.metrics = metrics or EngineMetrics(engine.config.model.served_model_name)
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self.metrics = metrics or EngineMetrics(self.core.model_config.served_model_name)
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Event-loop side only: touched by handlers and by _deliver, never by the engine thread.
+        self._started = False
+        # Event-loop side only: touched by handlers and by _on_message, never by other threads.
         self._streams: dict[str, RequestStream] = {}
         self._pending: dict[str, asyncio.Future] = {}  # adds sent, not yet answered
         self._pending_sequences = 0
-        self._stats = engine.stats()
+        self._stats = self.core.initial_stats
         self._dead: EngineDeadError | None = None
-        # Engine-thread side only.
-        self._live: set[str] = set()  # accepted and not finished
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs, **kwargs: Any) -> AsyncLLM:
+    def from_engine_args(cls, args: EngineArgs, *, engine_process: bool = False, **kwargs: Any) -> AsyncLLM:
+        if engine_process:
+            return cls(core=EngineProcess(functools.partial(LLMEngine.from_engine_args, args)), **kwargs)
         return cls(LLMEngine.from_engine_args(args), **kwargs)
 
     # ---- what handlers read -----------------------------------------------------------------
     @property
     def tokenizer(self) -> Any:
-        return self.engine.get_tokenizer()
+        return self.core.tokenizer
 
     @property
     def model_config(self):
-        return self.engine.config.model
+        return self.core.model_config
 
     def default_sampling_params(self) -> SamplingParams:
-        return self.engine.default_sampling_params()
+        return self.core.default_params.clone()
 
     def stats(self) -> EngineStats:
         """The engine's stats as of its last step (or last command, when idle)."""
@@ -128,7 +119,7 @@ class AsyncLLM:
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._dead is None
+        return self._started and self._dead is None
 
     @property
     def dead_error(self) -> EngineDeadError | None:
@@ -140,22 +131,22 @@ class AsyncLLM:
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the engine thread; call from the event loop that will consume the outputs."""
-        if self._thread is not None:
+        """Start the engine loop; call from the event loop that will consume the outputs."""
+        if self._started:
             raise RuntimeError("AsyncLLM is already started.")
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="folio-engine", daemon=True)
-        self._thread.start()
+        self._started = True
+        self.core.start(self._post)
 
     async def shutdown(self, reason: str = "The server is shutting down.") -> None:
-        """Fail what is still in flight, abort it in the engine, and stop the engine thread."""
-        if self._thread is None:
+        """Fail what is still in flight, abort it in the engine, and stop the engine loop."""
+        if not self._started:
             return
         if self._dead is None:
             self._dead = EngineDeadError(reason)
         self._fail_all(EngineDeadError(reason))
-        self._commands.put(_STOP)
-        await asyncio.to_thread(self._thread.join)
+        self.core.send(StopCommand())
+        await asyncio.to_thread(self.core.join)
 
     # ---- requests -------------------------------------------------------------------------
     async def add_request(
@@ -172,13 +163,13 @@ class AsyncLLM:
         self._streams[request_id] = stream
         self._pending[request_id] = future
         self._pending_sequences += params.n
-        self._commands.put(_Add(request_id, prompt, params, priority, future))
+        self.core.send(AddCommand(request_id, prompt, params, priority))
         try:
             await future
         except BaseException:
             self._streams.pop(request_id, None)
             stream.finished = True
-            self._commands.put(_Abort(request_id))  # harmless if it was never added
+            self.core.send(AbortCommand(request_id))  # harmless if it was never added
             raise
         return stream
 
@@ -201,7 +192,7 @@ class AsyncLLM:
     def _check_accepting(self, request_id: str) -> None:
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
-        if self._thread is None:
+        if not self._started:
             raise RuntimeError("AsyncLLM.start() was not called.")
         if request_id in self._streams:
             raise ValueError(f"Request id {request_id!r} is already in use.")
@@ -215,117 +206,58 @@ class AsyncLLM:
     def _abort(self, request_id: str) -> None:
         """Called by a RequestStream that is abandoned before it finished."""
         self._streams.pop(request_id, None)
-        self._commands.put(_Abort(request_id))
+        self.metrics.record_abort(request_id)
+        self.core.send(AbortCommand(request_id))
 
-    # ---- the engine thread ----------------------------------------------------------------
-    def _run(self) -> None:
+    # ---- messages from the engine (posted onto the event loop) --------------------------------
+    def _post(self, message: Any) -> None:
+        """Called on the engine's (or its reader's) thread."""
         try:
-            while True:
-                busy = self.engine.has_unfinished_requests()
-                commands = self._take_commands(block=not busy)
-                if _STOP in commands:
-                    self._abort_live()
-                    return
-                added = self._apply(commands)
-                if added:  # answer the adds now: their callers need not wait for the step
-                    self._post(self._accept, added, self.engine.stats())
-                outputs: list[RequestOutput] = []
-                failed: dict[str, Exception] = {}
-                if self.engine.has_unfinished_requests():
-                    start = time.perf_counter()
-                    outputs = self.engine.step()
-                    self.metrics.record_step(outputs, time.perf_counter() - start)
-                    self._live.difference_update(o.request_id for o in outputs if o.finished)
-                    failed = self._take_failed()
-                stats = self.engine.stats()
-                self.metrics.record_stats(stats)
-                self._post(self._deliver, outputs, failed, stats)
-        except BaseException as e:  # noqa: BLE001 - whatever it was, clients must hear of it
-            logger.exception("The engine thread failed; failing every request in flight.")
-            self._post(self._on_engine_dead, e)
-
-    def _take_failed(self) -> dict[str, Exception]:
-        failed = self.engine.take_request_errors()
-        for request_id, error in failed.items():
-            logger.error("Request %s failed and was dropped: %r", request_id, error, exc_info=error)
-            self._live.discard(request_id)
-            self.metrics.record_abort(request_id)
-        return failed
-
-    def _take_commands(self, block: bool) -> list[Any]:
-        commands = [self._commands.get()] if block else []
-        while True:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                return commands
-
-    def _apply(self, commands: list[Any]) -> list[tuple[_Add, BaseException | None]]:
-        added = []
-        for command in commands:
-            if isinstance(command, _Abort):
-                if command.request_id in self._live:
-                    self._live.discard(command.request_id)
-                    self.engine.abort_request(command.request_id)
-                    self.metrics.record_abort(command.request_id)
-                continue
-            try:
-                self.engine.add_request(command.request_id, command.prompt, command.params,
-                                        priority=command.priority)
-            except Exception as e:  # an invalid request: its caller gets the error
-                added.append((command, e))
-                continue
-            self._live.add(command.request_id)
-            added.append((command, None))
-        return added
-
-    def _abort_live(self) -> None:
-        if self._live:
-            self.engine.abort_request(list(self._live))
-            for request_id in self._live:
-                self.metrics.record_abort(request_id)
-            self._live.clear()
-        self._post(self._set_stats, self.engine.stats())
-
-    def _post(self, callback, *args: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(callback, *args)
+            self._loop.call_soon_threadsafe(self._on_message, message)
         except RuntimeError:  # the loop is closed: nobody is left to tell
             pass
 
-    # ---- back on the event loop -------------------------------------------------------------
-    def _accept(self, added: list[tuple[_Add, BaseException | None]], stats: EngineStats) -> None:
-        self._stats = stats
-        for command, error in added:
-            self._pending.pop(command.request_id, None)
-            self._pending_sequences -= command.params.n
-            if command.future.done():
+    def _on_message(self, message: Any) -> None:
+        if isinstance(message, Stepped):
+            self._on_step(message)
+        elif isinstance(message, Accepted):
+            self._on_accepted(message)
+        elif isinstance(message, Died):
+            logger.error("%s", message.message)
+            self._dead = EngineDeadError(message.message)
+            self._fail_all(self._dead)
+        elif isinstance(message, Stopped):
+            self._stats = message.stats
+
+    def _on_accepted(self, message: Accepted) -> None:
+        self._stats = message.stats
+        for request_id, n, error in message.results:
+            future = self._pending.pop(request_id, None)
+            self._pending_sequences -= n
+            if future is None or future.done():
                 continue  # its caller gave up (it also sent the abort)
             if error is None:
-                command.future.set_result(None)
+                future.set_result(None)
             else:
-                command.future.set_exception(error)
+                future.set_exception(error.to_exception())
 
-    def _deliver(self, outputs: list[RequestOutput], failed: dict[str, Exception], stats: EngineStats) -> None:
-        self._stats = stats
-        for output in outputs:
+    def _on_step(self, message: Stepped) -> None:
+        self._stats = message.stats
+        self.metrics.record_stats(message.stats)
+        if message.outputs or message.seconds:
+            self.metrics.record_step(message.outputs, message.seconds)
+        for output in message.outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue  # abandoned: its abort is on the way
             stream.put(output)
             if output.finished:
                 del self._streams[output.request_id]
-        for request_id, error in failed.items():
+        for request_id, reason in message.failed.items():
+            self.metrics.record_abort(request_id)
             stream = self._streams.pop(request_id, None)
             if stream is not None:
-                stream.put(RequestFailedError(f"Request {request_id} failed: {error!r}"))
-
-    def _set_stats(self, stats: EngineStats) -> None:
-        self._stats = stats
-
-    def _on_engine_dead(self, error: BaseException) -> None:
-        self._dead = _dead_error(error)
-        self._fail_all(self._dead)
+                stream.put(RequestFailedError(reason))
 
     def _fail_all(self, error: BaseException) -> None:
         for future in self._pending.values():
@@ -336,10 +268,6 @@ class AsyncLLM:
         for stream in self._streams.values():
             stream.put(error)
         self._streams.clear()
-
-
-def _dead_error(cause: BaseException) -> EngineDeadError:
-    return EngineDeadError(f"The engine stopped after an error ({cause!r}); restart the server.")
 
 
 class RequestStream:

@@ -4,8 +4,9 @@
 
 1. offline: LLM.generate, the engine stepping alone;
 2. async: AsyncLLM in this process, one asyncio consumer per request (the thread hand-off, no HTTP);
-3. http: the real server in a child process, one streaming HTTP client per request from this
-   process (the clients do not share the server's GIL, as real clients would not).
+3. http-thread / http-process: the real server in a child process (its engine on a thread, or
+   in a process of its own), one streaming HTTP client per request from this process (the
+   clients do not share the server's GIL, as real clients would not).
 
 Every request has a random token prompt (32..128 tokens, random.seed(0)), greedy sampling,
 ignore_eos and the same max_tokens, so all three generate exactly the same tokens. For the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -138,9 +140,10 @@ def run_async(engine_kwargs: dict, prompts: list[list[int]], max_tokens: int) ->
 # ---- 3. the HTTP server -----------------------------------------------------------------------------
 
 
-def start_server(engine_kwargs: dict) -> tuple[subprocess.Popen, str]:
+def start_server(engine_kwargs: dict, engine_process: bool) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "folio.entrypoints.openai.api_server", "--port", "0",
-           "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
+           "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning",
+           "--engine-process" if engine_process else "--no-engine-process"]
     for key, value in engine_kwargs.items():
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -177,8 +180,18 @@ def scrape(url: str) -> dict[str, float]:
     return values
 
 
-def run_http(engine_kwargs: dict, prompts: list[list[int]], max_tokens: int) -> dict:
-    proc, url = start_server(engine_kwargs)
+def _child_pid(pid: int) -> int | None:
+    """The engine process, when the server has one (its only child)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        return None
+    return children[0] if children else None
+
+
+def run_http(engine_kwargs: dict, prompts: list[list[int]], max_tokens: int, engine_process: bool) -> dict:
+    proc, url = start_server(engine_kwargs, engine_process)
 
     async def one(client: httpx.AsyncClient, prompt: list[int]) -> int:
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
@@ -196,15 +209,22 @@ def run_http(engine_kwargs: dict, prompts: list[list[int]], max_tokens: int) -> 
         limits = httpx.Limits(max_connections=len(prompts) + 8)
         async with httpx.AsyncClient(timeout=None, limits=limits) as client:
             await asyncio.gather(*(one(client, p) for p in prompts[:4]))  # warm up
+            child = _child_pid(proc.pid)
             before, cpu_before = scrape(url), thread_cpu(proc.pid)
+            engine_before = thread_cpu(child).get(child, 0.0) if child else 0.0
             start = time.perf_counter()
             tokens = sum(await asyncio.gather(*(one(client, p) for p in prompts)))
             wall = time.perf_counter() - start
             after, cpu_after = scrape(url), thread_cpu(proc.pid)
+            engine_after = thread_cpu(child).get(child, 0.0) if child else 0.0
         steps = after["folio:engine_steps_total"] - before["folio:engine_steps_total"]
         busy = after["folio:engine_step_seconds_total"] - before["folio:engine_step_seconds_total"]
-        engine_cpu, loop_cpu = split_cpu(cpu_before, cpu_after, proc.pid)
-        row = report("http", wall, tokens, steps, busy, engine_cpu, loop_cpu)
+        name = "http-process" if engine_process else "http-thread"
+        if engine_process:  # the engine's loop is the child process's main thread
+            engine_cpu, loop_cpu = engine_after - engine_before, split_cpu(cpu_before, cpu_after, proc.pid)[1]
+        else:
+            engine_cpu, loop_cpu = split_cpu(cpu_before, cpu_after, proc.pid)
+        row = report(name, wall, tokens, steps, busy, engine_cpu, loop_cpu)
         return row
 
     try:
@@ -220,7 +240,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=512)
-    parser.add_argument("--modes", default="offline,async,http")
+    parser.add_argument("--modes", default="offline,async,http-thread,http-process")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; the best of each mode is summarized")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (OMP_NUM_THREADS) in every mode; on a small shared "
@@ -232,7 +252,12 @@ def main() -> None:
 
     vocab = EngineArgs(**engine_kwargs).create_engine_config().model.vocab_size
     prompts = workload(args.requests, vocab)
-    runners = {"offline": run_offline, "async": run_async, "http": run_http}
+    runners = {
+        "offline": run_offline,
+        "async": run_async,
+        "http-thread": functools.partial(run_http, engine_process=False),
+        "http-process": functools.partial(run_http, engine_process=True),
+    }
     best: dict[str, dict] = {}
     for _ in range(args.repeat):  # interleaved, so a burst of load elsewhere hits every mode alike
         for mode in args.modes.split(","):

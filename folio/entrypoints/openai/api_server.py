@@ -111,7 +111,8 @@ def run_server(args: argparse.Namespace) -> int:
     config = ServerConfig.from_cli_args(args)
     engine_args = EngineArgs.from_cli_args(args)
     sock = bind_socket(config.host, config.port)
-    engine = AsyncLLM.from_engine_args(engine_args, max_waiting_requests=config.max_waiting_requests)
+    engine = AsyncLLM.from_engine_args(engine_args, engine_process=config.engine_process,
+                                       max_waiting_requests=config.max_waiting_requests)
     app = build_app(engine, config)
     server = uvicorn.Server(uvicorn.Config(
         app,

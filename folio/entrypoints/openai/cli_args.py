@@ -23,6 +23,7 @@ class ServerConfig:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     log_level: str = "info"
     access_log: bool = True
+    engine_process: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -44,6 +45,7 @@ class ServerConfig:
             shutdown_timeout=args.shutdown_timeout,
             log_level=args.uvicorn_log_level,
             access_log=not args.disable_uvicorn_access_log,
+            engine_process=args.engine_process,
         )
 
 
@@ -63,5 +65,8 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--uvicorn-log-level", default=d.log_level,
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no line per HTTP request")
+    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=d.engine_process,
+                   help="run the engine in a process of its own (its own GIL; a crash there leaves "
+                        "the server answering 503) instead of on a thread of the server process")
     EngineArgs.add_cli_args(parser)
     return parser

@@ -1,0 +1,259 @@
+"""Where AsyncLLM's engine runs: on a thread of the server process, or in a process of its own.
+
+Both give AsyncLLM the same four things: the model's config, tokenizer and sampling defaults,
+`start(deliver)` (deliver is called, from some other thread, with each message of the
+EngineLoop), `send(command)`, and `join()` once a StopCommand was sent.
+
+EngineThread (the default) shares the server's GIL: the event loop's HTTP work and the engine's
+Python take turns. EngineProcess gives the engine a GIL of its own, and a crash of its own (the
+server then answers 503 instead of dying); commands and outputs cross a pipe, outputs as plain
+tuples without their prompt, which the frontend already has. docs/serving.md measures both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import queue
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from folio.config import ModelConfig
+from folio.engine.engine_loop import (
+    AbortCommand,
+    AddCommand,
+    Died,
+    EngineLoop,
+    StopCommand,
+    Stepped,
+    Stopped,
+)
+from folio.engine.llm_engine import EngineStats, LLMEngine
+from folio.logger import init_logger
+from folio.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from folio.sampling_params import SamplingParams
+from folio.transformers_utils.tokenizer import get_tokenizer
+
+logger = init_logger(__name__)
+
+Deliver = Callable[[Any], None]
+# Outputs cross the pipe as tuples of these fields, in this order.
+_COMPLETION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOutput))
+_METRICS_FIELDS = tuple(f.name for f in dataclasses.fields(RequestMetrics))
+
+
+class EngineThread:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        engine.isolate_request_errors()
+        self.model_config: ModelConfig = engine.config.model
+        self.tokenizer = engine.get_tokenizer()
+        self.default_params: SamplingParams = engine.default_sampling_params()
+        self.initial_stats: EngineStats = engine.stats()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self, deliver: Deliver) -> None:
+        loop = EngineLoop(self.engine, self._take, deliver)
+        self._thread = threading.Thread(target=loop.run, name="folio-engine", daemon=True)
+        self._thread.start()
+
+    def send(self, command: Any) -> None:
+        self._commands.put(command)
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def _take(self, block: bool) -> list[Any]:
+        return _drain(self._commands, block)
+
+
+def _drain(commands: queue.SimpleQueue, block: bool) -> list[Any]:
+    taken = [commands.get()] if block else []
+    while True:
+        try:
+            taken.append(commands.get_nowait())
+        except queue.Empty:
+            return taken
+
+
+# ---- a process of its own ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    model_config: ModelConfig
+    has_tokenizer: bool
+    default_params: SamplingParams
+    stats: EngineStats
+
+
+class EngineProcess:
+    """The engine in a child process (spawned: no state inherited from a threaded parent)."""
+
+    def __init__(self, make_engine: Callable[[], LLMEngine]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self.process = context.Process(target=run_engine_process, args=(make_engine, child_conn),
+                                       name="folio-engine", daemon=True)
+        self.process.start()
+        child_conn.close()
+        ready = self._receive_ready()
+        self.engine = None  # it lives in the other process
+        self.model_config = ready.model_config
+        self.tokenizer = get_tokenizer(ready.model_config.tokenizer) if ready.has_tokenizer else None
+        self.default_params = ready.default_params
+        self.initial_stats = ready.stats
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        # request id -> (prompt text, prompt token ids): outputs come back without them.
+        self._prompts: dict[str, tuple[str | None, list[int]]] = {}
+        self._threads: list[threading.Thread] = []
+
+    def _receive_ready(self) -> Ready:
+        try:
+            ready = self._conn.recv()
+        except EOFError:
+            self.process.join()
+            raise RuntimeError(f"The engine process exited while starting (exit code {self.process.exitcode}).") from None
+        if isinstance(ready, Died):
+            self.process.join()
+            raise ValueError(ready.message)
+        return ready
+
+    def start(self, deliver: Deliver) -> None:
+        for target, name in ((self._write, "folio-engine-writer"), (self._read, "folio-engine-reader")):
+            thread = threading.Thread(target=target, args=(deliver,), name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def send(self, command: Any) -> None:
+        if isinstance(command, AddCommand):
+            command = self._with_token_ids(command)
+            prompt = command.prompt
+            self._prompts[command.request_id] = (prompt.get("prompt"), list(prompt.get("prompt_token_ids", [])))
+        elif isinstance(command, AbortCommand):
+            self._prompts.pop(command.request_id, None)
+        self._outbox.put(command)
+
+    def _with_token_ids(self, command: AddCommand) -> AddCommand:
+        """Text prompts are tokenized here, as the engine would, so the ids are known this side."""
+        prompt = command.prompt
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        if "prompt_token_ids" in prompt or self.tokenizer is None or not isinstance(prompt.get("prompt"), str):
+            return replace(command, prompt=prompt) if prompt is not command.prompt else command
+        return replace(command, prompt={**prompt, "prompt_token_ids": list(self.tokenizer.encode(prompt["prompt"]))})
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join()
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            logger.warning("The engine process did not stop; terminating it.")
+            self.process.terminate()
+            self.process.join()
+
+    # A writer thread, so that a full pipe (the engine busy in a step) never blocks the event loop.
+    def _write(self, deliver: Deliver) -> None:
+        while True:
+            command = self._outbox.get()
+            try:
+                self._conn.send(command)
+            except OSError:
+                return  # the process is gone: the reader reports it
+            if isinstance(command, StopCommand):
+                return
+
+    def _read(self, deliver: Deliver) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                self.process.join(timeout=5)
+                deliver(Died(f"The engine process exited (exit code {self.process.exitcode}); restart the server."))
+                return
+            if isinstance(message, Stepped):
+                message = replace(message, outputs=[self._decode(o) for o in message.outputs])
+                for request_id in message.failed:
+                    self._prompts.pop(request_id, None)
+            deliver(message)
+            if isinstance(message, (Stopped, Died)):
+                return
+
+    def _decode(self, wire: tuple) -> RequestOutput:
+        request_id, completions, finished, metrics, num_cached_tokens, prompt_logprobs = wire
+        prompt, token_ids = (self._prompts.pop if finished else self._prompts.get)(request_id, (None, []))
+        return RequestOutput(
+            request_id=request_id,
+            prompt=prompt,
+            prompt_token_ids=token_ids,
+            prompt_logprobs=prompt_logprobs,
+            outputs=[CompletionOutput(**dict(zip(_COMPLETION_FIELDS, c))) for c in completions],
+            finished=finished,
+            metrics=RequestMetrics(**dict(zip(_METRICS_FIELDS, metrics))) if metrics is not None else None,
+            num_cached_tokens=num_cached_tokens,
+        )
+
+
+def run_engine_process(make_engine: Callable[[], LLMEngine], conn: Any) -> None:
+    """The child's main: build the engine, say Ready, run the loop until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
+    try:
+        engine = make_engine()
+    except BaseException as e:  # noqa: BLE001 - the parent reports it
+        conn.send(Died(f"The engine failed to start: {e}"))
+        return
+    engine.isolate_request_errors()
+    conn.send(Ready(engine.config.model, engine.get_tokenizer() is not None,
+                    engine.default_sampling_params(), engine.stats()))
+    EngineLoop(engine, _pipe_take(conn), _pipe_emit(conn)).run()
+
+
+def _pipe_take(conn: Any) -> Callable[[bool], list[Any]]:
+    def take(block: bool) -> list[Any]:
+        commands = []
+        try:
+            if block:
+                commands.append(conn.recv())
+            while conn.poll():
+                commands.append(conn.recv())
+        except (EOFError, OSError):  # the server is gone: stop
+            commands.append(StopCommand())
+        return commands
+
+    return take
+
+
+def _pipe_emit(conn: Any) -> Callable[[Any], None]:
+    sent_prompt_logprobs: set[str] = set()
+
+    def emit(message: Any) -> None:
+        if isinstance(message, Stepped):
+            message = replace(message, outputs=[_encode(o, sent_prompt_logprobs) for o in message.outputs])
+        try:
+            conn.send(message)
+        except OSError:
+            pass  # the server is gone; the next take() stops the loop
+
+    return emit
+
+
+def _encode(output: RequestOutput, sent_prompt_logprobs: set[str]) -> tuple:
+    """An output as plain tuples (pickled ~10x faster than the dataclasses), minus what the
+    frontend has: the prompt (resending it every step would cost O(prompt) per token), and
+    prompt log-probs after the first output with tokens."""
+    prompt_logprobs = None
+    if output.prompt_logprobs is not None and any(c.token_ids for c in output.outputs):
+        if output.request_id not in sent_prompt_logprobs:
+            sent_prompt_logprobs.add(output.request_id)
+            prompt_logprobs = output.prompt_logprobs
+    if output.finished:
+        sent_prompt_logprobs.discard(output.request_id)
+    completions = [tuple(getattr(c, name) for name in _COMPLETION_FIELDS) for c in output.outputs]
+    m = output.metrics
+    metrics = None if m is None else tuple(getattr(m, name) for name in _METRICS_FIELDS)
+    return (output.request_id, completions, output.finished, metrics, output.num_cached_tokens, prompt_logprobs)
