@@ -31,6 +31,8 @@ def plan_admission(
     """How the request would start this step; None when it cannot start now (its parent is
     still on the prompt, the budget is spent, or chunked prefill is off and it does not fit).
     Changes nothing."""
+    if request.num_output_placeholders:
+        return None  # preempted while a step sampling for it is in flight: its token comes first
     if kv.swap_space.holds(request.request_id):
         prefix, start = None, request.num_computed_tokens
     else:

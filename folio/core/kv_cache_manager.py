@@ -232,11 +232,17 @@ class KVCacheManager:
         self.num_copied_blocks += 1
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
-        """Register the blocks that num_tokens fill (computed by the end of this step)."""
+        """Register the blocks that num_tokens fill (computed by the end of this step).
+
+        Only blocks of known tokens: a block whose last slot holds a placeholder (a token the
+        step in flight is sampling) is registered at the request's next allocation, once the
+        token is known; if that token ends the request, never. So a cached block is never one
+        that a wasted step writes into.
+        """
         if self.prefix_cache is None:
             return
         request_id = request.request_id
-        num_full = num_tokens // self.block_size
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
         done = self._num_cached_blocks.get(request_id, 0)
         if num_full <= done:
             return

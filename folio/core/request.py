@@ -57,6 +57,10 @@ class Request:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     stop_reason: int | str | None = None
+    # Output tokens sampled by steps already scheduled whose ids are not back on the host yet
+    # (async scheduling: at most one step is in flight). Counted from schedule() to
+    # update_from_output(), so the scheduler can plan the next step around them.
+    num_output_placeholders: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     # prompt + output, kept as one list so the runner reads it without concatenating.
     all_token_ids: list[int] = field(default_factory=list)
@@ -88,6 +92,27 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        """Known tokens plus those being sampled: what the next step continues from."""
+        return len(self.all_token_ids) + self.num_output_placeholders
+
+    @property
+    def needs_sync_steps(self) -> bool:
+        """Whether each of its steps must wait for the previous one's sampled ids on the host.
+
+        Penalties count the output's token ids on the host, and a beam stops after each token
+        until its beam search forks it: neither can be planned around a placeholder. Everything
+        else a step needs (input ids, min_tokens counts, seeds) is known or on the device.
+        """
+        p = self.sampling_params
+        return (
+            self.pause_after_sample
+            or p.repetition_penalty != 1.0
+            or p.frequency_penalty != 0.0
+            or p.presence_penalty != 0.0
+        )
 
     @property
     def max_tokens(self) -> int | None:

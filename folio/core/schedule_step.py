@@ -16,11 +16,15 @@ class ScheduleStep:
     admitted: set[str] = field(default_factory=set)  # came from the waiting queue this step
 
     def add(self, request: Request, num_new_tokens: int, block_ids: list[int]) -> None:
+        start = request.num_computed_tokens
+        samples = start + num_new_tokens >= request.num_tokens_with_placeholders
         self.scheduled[request.request_id] = ScheduledRequest(
-            request, request.num_computed_tokens, num_new_tokens, block_ids
+            request, start, num_new_tokens, block_ids, samples
         )
-        # From here on num_computed_tokens counts the K/V that will be cached after this step.
+        # From here on num_computed_tokens counts the K/V that will be cached after this step,
+        # and the token this step samples is a placeholder until update_from_output.
         request.num_computed_tokens += num_new_tokens
+        request.num_output_placeholders += samples
         self.budget -= num_new_tokens
 
     def unschedule(self, request: Request) -> None:
@@ -28,6 +32,7 @@ class ScheduleStep:
         sched = self.scheduled.pop(request.request_id, None)
         if sched is not None:
             request.num_computed_tokens = sched.num_computed_tokens
+            request.num_output_placeholders -= sched.samples
             self.budget += sched.num_new_tokens
 
     def computed_before(self, request: Request) -> int:

@@ -24,6 +24,19 @@ Invariants between calls:
   device blocks (a swapped-out one holds CPU blocks and keeps its num_computed_tokens, the
   others have 0);
 - `running` is in admission order, so under FCFS its tail is the newest request.
+
+Async scheduling (engine/llm_engine.py drives it): the engine may call schedule() for step N+1
+before update_from_output() of step N. Each scheduled request that samples holds a placeholder
+(`num_output_placeholders`) from schedule() until its update, so step N+1 continues from the
+token step N is sampling: the runner takes that token's id from the device. Around a
+placeholder:
+- a request that its placeholder will end by length (max_tokens, max_model_len) is not
+  scheduled again; one that a stop token or stop string ends had its next step wasted, and
+  update_from_output drops that step's result (the request is finished by then);
+- a preempted request keeps its placeholder until the update appends the real token, and is not
+  admitted again before then (core/admission.py);
+- requests that need every step's token on the host before the next (Request.needs_sync_steps:
+  penalties, beams) are counted, and the engine does not overlap steps while any exists.
 """
 
 from __future__ import annotations
@@ -60,6 +73,16 @@ def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
     if request.num_tokens >= max_model_len:
         return RequestStatus.FINISHED_LENGTH_CAPPED
     return None
+
+
+def reaches_length_cap(request: Request, max_model_len: int) -> bool:
+    """Whether the request's tokens, placeholders included, reach max_tokens or max_model_len:
+    once the placeholders are known, check_stop ends it, so no step goes past them."""
+    n = request.num_output_placeholders
+    max_tokens = request.sampling_params.max_tokens
+    if max_tokens is not None and request.num_output_tokens + n >= max_tokens:
+        return True
+    return request.num_tokens + n >= max_model_len
 
 
 class Scheduler:
@@ -99,6 +122,7 @@ class Scheduler:
         self.num_computed_tokens = 0  # tokens put through the model
         self.num_computed_prompt_tokens = 0  # ... of them, prompt tokens
         self._finished_since_schedule: set[str] = set()
+        self._num_sync_requests = 0  # unfinished requests with needs_sync_steps
 
     # ---- requests in and out ----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -110,7 +134,7 @@ class Scheduler:
                 f"max_model_len={self.config.max_model_len}."
             )
         request.status = RequestStatus.WAITING
-        self.requests[request.request_id] = request
+        self._register(request)
         self.waiting.add(request)
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
@@ -144,7 +168,7 @@ class Scheduler:
         waiting = []
         for child in children:
             child.block_hashes = parent.block_hashes[: common // self.kv_cache_manager.block_size]
-            self.requests[child.request_id] = child
+            self._register(child)
             if parent.status == RequestStatus.RUNNING and seats > 0:
                 child.num_computed_tokens = parent.num_computed_tokens
                 self.kv_cache_manager.fork(parent, child)
@@ -158,6 +182,10 @@ class Scheduler:
             self.waiting.prepend(child)  # they resume work already under way: front of queue
         self._finish(parent, RequestStatus.FINISHED_ABORTED)
 
+    def _register(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self._num_sync_requests += request.needs_sync_steps
+
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
@@ -166,6 +194,7 @@ class Scheduler:
         request.status = status
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
+        self._num_sync_requests -= request.needs_sync_steps
         self._finished_since_schedule.add(request.request_id)
 
     # ---- one step ---------------------------------------------------------------------------
@@ -309,10 +338,13 @@ class Scheduler:
         step.preempted.append(victim.request_id)
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
-        # No separate max_model_len cap is needed: add_request refuses longer requests and
-        # check_stop finishes a request once it reaches max_model_len tokens, so
-        # num_computed_tokens + remaining never exceeds it.
-        remaining = request.num_tokens - request.num_computed_tokens
+        # No separate max_model_len cap is needed: add_request refuses longer requests,
+        # check_stop finishes a request once it reaches max_model_len tokens, and a request
+        # whose placeholder reaches it is not scheduled; so num_computed_tokens + remaining
+        # never exceeds it.
+        if request.num_output_placeholders and reaches_length_cap(request, self.config.max_model_len):
+            return 0
+        remaining = request.num_tokens_with_placeholders - request.num_computed_tokens
         return max(0, min(remaining, budget))
 
     # ---- results ----------------------------------------------------------------------------
@@ -333,7 +365,8 @@ class Scheduler:
             scheduled, runner_output.sampled_token_ids, logprobs
         ):
             request = sched.request
-            if request.is_finished:  # aborted after schedule(): its results are dropped
+            request.num_output_placeholders -= sched.samples
+            if request.is_finished:  # aborted or stopped after schedule(): results are dropped
                 continue
             new_token_ids, status = self._append_tokens(request, token_ids)
             prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
@@ -371,6 +404,12 @@ class Scheduler:
     # ---- state ------------------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    @property
+    def requires_sync_steps(self) -> bool:
+        """Whether some unfinished request needs each step's tokens before the next is planned
+        (Request.needs_sync_steps): then steps must not overlap."""
+        return self._num_sync_requests > 0
 
     def get_request(self, request_id: str) -> Request | None:
         """The unfinished request with this id, or None."""

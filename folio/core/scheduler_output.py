@@ -9,12 +9,20 @@ from folio.core.request import Request
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """One request's share of a step: tokens [num_computed_tokens, +num_new_tokens) of it."""
+    """One request's share of a step: tokens [num_computed_tokens, +num_new_tokens) of it.
+
+    With async scheduling the last of those tokens may be a placeholder: the token the previous
+    step (still in flight) samples for this request. Then it is the only new token
+    (num_new_tokens == 1, num_computed_tokens == request.num_tokens at schedule time) and the
+    runner takes its id from the previous step's sampled ids on the device.
+    """
 
     request: Request  # live object; the runner reads all_token_ids and sampling_params
     num_computed_tokens: int  # tokens whose K/V were cached before this step
     num_new_tokens: int  # tokens computed in this step (a prefill chunk, or 1 for a decode)
     block_ids: list[int]  # the request's block table (live list, read-only for the runner)
+    # This step reaches the request's last token (known or placeholder), so it samples one.
+    samples: bool
 
     @property
     def request_id(self) -> str:
@@ -23,11 +31,6 @@ class ScheduledRequest:
     @property
     def end(self) -> int:
         return self.num_computed_tokens + self.num_new_tokens
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the last known token, so a new token is sampled."""
-        return self.end >= self.request.num_tokens
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ def dummy_scheduler_output(config: EngineConfig) -> SchedulerOutput:
         num_blocks = -(-length // block_size)
         blocks = list(range(next_block, next_block + num_blocks))
         next_block += num_blocks
-        scheduled.append(ScheduledRequest(request, 0, length, blocks))
+        scheduled.append(ScheduledRequest(request, 0, length, blocks, samples=True))
     return SchedulerOutput(scheduled=scheduled, total_num_scheduled_tokens=sum(lengths))
 
 

@@ -202,7 +202,7 @@ class StepInputBuilder:
                 if plan is not None:
                     plans.append(plan)
             offset += n
-            if start + n >= len(tokens):  # sched.samples: reaches the last known token
+            if sched.samples:
                 logits_rows.append(offset - 1)
                 sampling.append(i)
         input_ids[:offset] = ids

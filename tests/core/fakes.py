@@ -9,6 +9,12 @@ slot holding a different prefix's token, a stale token, or a table too short fai
 once, while blocks legitimately shared (prefix cache, forks) pass. Sampled tokens are a
 deterministic function of the tokens read, so a request computes the same outputs whatever else
 is batched with it and however often it is preempted, recomputed, swapped or served from cache.
+
+Async scheduling: a step may be scheduled and executed before the previous step's update. Then a
+request's last new token is a placeholder, and FakeModel takes its id from what it sampled in the
+previous step (its "device" state), as the runner does; anything else about placeholders (one
+per step, only ever the single new token, only from the step just before) fails at once.
+`run_pipelined` drives a scheduler that way.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from folio.config.scheduler import SchedulerConfig
 from folio.core.outputs import ModelRunnerOutput
 from folio.core.request import Request
 from folio.core.scheduler import Scheduler
-from folio.core.scheduler_output import SchedulerOutput
+from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from folio.sampling_params import SamplingParams
 
 EOS = 2
@@ -101,6 +107,8 @@ class FakeModel:
     slots: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     cpu_slots: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # the swap pool
     steps: list[SchedulerOutput] = field(default_factory=list)
+    # What the previous execute sampled, by request id: the runner's sampled ids on the device.
+    sampled: dict[str, int] = field(default_factory=dict)
     # Per step, request id -> its length (prompt + outputs) when the step ran; ScheduledRequest
     # reads the live request, so only this tells later which step reached the end and sampled.
     lengths: list[dict[str, int]] = field(default_factory=list)
@@ -109,7 +117,7 @@ class FakeModel:
         self.steps.append(out)
         self.lengths.append({s.request_id: s.request.num_tokens for s in out.scheduled})
         self._move_blocks(out)
-        contents = [_contents(s.request.all_token_ids[: s.end]) for s in out.scheduled]
+        contents = [_contents(self._tokens(s)) for s in out.scheduled]
         for sched, content in zip(out.scheduled, contents):
             assert len(sched.block_ids) * self.block_size >= sched.end, "block table too short"
             for pos in range(sched.num_computed_tokens, sched.end):
@@ -119,7 +127,8 @@ class FakeModel:
             for pos in range(sched.end):
                 assert self.slots.get(self._slot(sched.block_ids, pos)) == content[pos], (
                     f"{sched.request_id}: KV at position {pos} was lost or overwritten")
-            sampled.append([self._sample(sched.request, sched.end)] if sched.samples else [])
+            sampled.append([self._sample(sched.request, sched.end, content)] if sched.samples else [])
+        self.sampled = {s.request_id: t[0] for s, t in zip(out.scheduled, sampled) if t}
         return ModelRunnerOutput(req_ids=[s.request_id for s in out.scheduled],
                                  sampled_token_ids=sampled)
 
@@ -136,16 +145,27 @@ class FakeModel:
             for i, value in enumerate(values):
                 dst_slots[dst * bs + i] = value
 
+    def _tokens(self, sched: ScheduledRequest) -> list[int]:
+        """The step's context: the known tokens, then the placeholder's id from the last step."""
+        known = sched.request.all_token_ids
+        if sched.end <= len(known):
+            return known[: sched.end]
+        assert sched.end == len(known) + 1 and sched.num_new_tokens == 1 and sched.samples, (
+            f"{sched.request_id}: a placeholder that is not the step's only new token")
+        assert sched.request_id in self.sampled, f"{sched.request_id}: placeholder of no last step"
+        return known + [self.sampled[sched.request_id]]
+
     def _slot(self, table: list[int], pos: int) -> int:
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def _sample(self, request: Request, end: int) -> int:
+    def _sample(self, request: Request, end: int, content: list) -> int:
         scripted = self.script.get(request.request_id)
-        if scripted is not None and request.num_output_tokens < len(scripted):
-            return scripted[request.num_output_tokens]
+        index = end - request.num_prompt_tokens  # outputs before this one
+        if scripted is not None and index < len(scripted):
+            return scripted[index]
         if self.next_token is not None:
             return self.next_token(request, end)
-        return default_next_token(request.all_token_ids[:end])
+        return default_next_token([token for _, token, _ in content])
 
 
 def _contents(tokens: list[int]) -> list[tuple[int, int, int]]:
@@ -167,18 +187,47 @@ class RunResult:
 
 def step(scheduler: Scheduler, model: FakeModel, result: RunResult) -> SchedulerOutput:
     out = scheduler.schedule()
-    for core_out in scheduler.update_from_output(out, model.execute(out)):
+    _update(scheduler, out, model.execute(out), result)
+    return out
+
+
+def _update(scheduler: Scheduler, out: SchedulerOutput, runner_out: ModelRunnerOutput, result: RunResult) -> None:
+    for core_out in scheduler.update_from_output(out, runner_out):
+        assert core_out.request_id not in result.finish_reasons, "output after the finish"
         result.outputs.setdefault(core_out.request_id, []).extend(core_out.new_token_ids)
         if core_out.finished:
             result.finish_reasons[core_out.request_id] = core_out.finish_reason
             result.stop_reasons[core_out.request_id] = core_out.stop_reason
     result.num_steps += 1
-    return out
 
 
-def run_to_completion(scheduler: Scheduler, model: FakeModel, max_steps: int = 2000) -> RunResult:
+def run_to_completion(
+    scheduler: Scheduler, model: FakeModel, max_steps: int = 2000, *, pipelined: bool = False
+) -> RunResult:
+    if pipelined:
+        return run_pipelined(scheduler, model, max_steps)
     result = RunResult({}, {}, {}, 0)
     while scheduler.has_unfinished_requests():
         assert result.num_steps < max_steps, "the scheduler made no progress"
         step(scheduler, model, result)
+    return result
+
+
+def run_pipelined(scheduler: Scheduler, model: FakeModel, max_steps: int = 2000) -> RunResult:
+    """As LLMEngine with async scheduling: step N+1 is scheduled and executed before step N's
+    update, unless some request needs synchronous steps; nothing is left in flight at the end."""
+    result = RunResult({}, {}, {}, 0)
+
+    def launch() -> tuple[SchedulerOutput, ModelRunnerOutput]:
+        out = scheduler.schedule()
+        return out, model.execute(out)
+
+    in_flight = None
+    while scheduler.has_unfinished_requests():
+        assert result.num_steps < max_steps, "the scheduler made no progress"
+        current = in_flight or launch()
+        in_flight = None if scheduler.requires_sync_steps else launch()
+        _update(scheduler, *current, result)
+    if in_flight is not None:
+        _update(scheduler, *in_flight, result)
     return result

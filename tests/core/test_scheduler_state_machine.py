@@ -1,7 +1,9 @@
 """Random traffic on a tiny KV pool: the bookkeeping invariants hold after every operation.
 
 Hypothesis drives a Scheduler with random adds (plain requests, n > 1 families, beam roots),
-steps (random sampled tokens, some EOS), aborts, stop-string finishes, aborts that land between
+steps (random sampled tokens, some EOS), pipelined steps (async scheduling: the next step is
+scheduled and run before this one's update, around placeholders, with aborts and stop-string
+finishes landing while it is in flight), aborts, stop-string finishes, aborts that land between
 schedule() and update_from_output(), and beam forks of paused requests; with prefix caching on
 or off, a CPU swap pool or none, and each preemption mode. Prompts are drawn from a few shared
 prefixes so that cache hits, same-step hits and evictions happen. The FakeModel moves and
@@ -22,6 +24,7 @@ from folio.core.admission import blocks_needed, plan_admission
 from folio.core.block_hash import request_block_hashes
 from folio.core.request import RequestStatus
 from folio.core.request_queue import priority_key
+from folio.core.scheduler import reaches_length_cap
 from folio.core.schedule_step import ScheduleStep
 from tests.core.fakes import EOS, FakeModel, _contents, make_request, make_scheduler
 
@@ -44,9 +47,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         caching=st.booleans(),
         cpu_blocks=st.sampled_from([0, 0, 2, 8]),
         mode=st.sampled_from([None, "recompute", "swap"]),
+        beams=st.booleans(),
     )
     def setup(self, policy, chunked, block_size, spare_blocks, budget, max_num_seqs, caching,
-              cpu_blocks, mode):
+              cpu_blocks, mode, beams):
+        # Beams make every step synchronous while they live: half the runs have none, so that
+        # pipelined steps overlap freely.
+        self.beams = beams
         if not chunked:
             budget = max(budget, MAX_MODEL_LEN)  # the config demands it
         self.budget = budget
@@ -72,6 +79,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.next_id = 0
         self.finished: set[str] = set()  # finished here, not yet reported in finished_req_ids
         self.generated: dict[str, list[int]] = {}
+        self.done: set[str] = set()  # every request ever finished (ids are never reused)
+        # (SchedulerOutput, ModelRunnerOutput) of steps run but not updated, oldest first: one
+        # at most between rules, two while a pipelined step launches the next.
+        self.pending: list = []
 
     def _random_token(self, request, end) -> int:
         return EOS if self.rng.random() < 0.1 else self.rng.randrange(3, 30)
@@ -102,6 +113,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.sched.add_request(request)
             self.next_id += 1
 
+    @precondition(lambda self: self.beams)
     @rule(prefix=st.integers(0, 2), shared=st.integers(1, 10), priority=st.integers(0, 2))
     def add_beam(self, prefix, shared, priority):
         rid = f"r{self.next_id}"
@@ -112,7 +124,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched.add_request(request)
         self.next_id += 1
 
-    @precondition(lambda self: any(r.paused for r in self.sched.requests.values()))
+    # The engine forks right after an update, and beams never overlap steps: nothing in flight.
+    @precondition(lambda self: not self.pending and any(r.paused for r in self.sched.requests.values()))
     @rule(pick=st.integers(0, 100), tokens=st.lists(st.integers(3, 30), max_size=3))
     def fork_beam(self, pick, tokens):
         paused = sorted(rid for rid, r in self.sched.requests.items() if r.paused)
@@ -131,12 +144,32 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.next_id += 1
         self.sched.fork_request(parent.request_id, children)
         self.finished.add(parent.request_id)
+        self.done.add(parent.request_id)
 
     @rule(seed=st.integers(0, 2**16))
     def step(self, seed):
         self.rng.seed(seed)
+        self._complete_in_flight()
+        self._launch()
+        self._update(*self.pending[0])
+
+    @rule(seed=st.integers(0, 2**16))
+    def pipelined_step(self, seed):
+        """As LLMEngine.step with async scheduling: launch the next step, then update this one."""
+        self.rng.seed(seed)
+        if not self.pending:
+            self._launch()
+        if not self.sched.requires_sync_steps:
+            self._launch()
+        self._update(*self.pending[0])
+
+    def _launch(self):
         out = self._schedule()
-        self._update(out, self.model.execute(out))
+        self.pending.append((out, self.model.execute(out)))
+
+    def _complete_in_flight(self):
+        if self.pending:
+            self._update(*self.pending[0])
 
     @precondition(lambda self: self.sched.has_unfinished_requests())
     @rule(pick=st.integers(0, 100), abort=st.booleans())
@@ -145,16 +178,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         status = RequestStatus.FINISHED_ABORTED if abort else RequestStatus.FINISHED_STOPPED
         self.sched.finish_requests([rid], status)
         self.finished.add(rid)
+        self.done.add(rid)
 
     @rule(seed=st.integers(0, 2**16), pick=st.integers(0, 100))
     def abort_during_step(self, seed, pick):
         self.rng.seed(seed)
+        self._complete_in_flight()
         out = self._schedule()
         if out.scheduled:
             victim = out.scheduled[pick % len(out.scheduled)].request
             self.sched.finish_requests([victim.request_id], RequestStatus.FINISHED_ABORTED)
             self.finished.add(victim.request_id)
-        self._update(out, self.model.execute(out))
+            self.done.add(victim.request_id)
+        self.pending.append((out, self.model.execute(out)))
+        self._update(*self.pending[0])
 
     def _schedule(self):
         was_running = {r.request_id for r in self.sched.running}
@@ -168,6 +205,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         for s in out.scheduled:
             assert s.num_new_tokens > 0 and s.end <= MAX_MODEL_LEN
             assert s.request.status == RequestStatus.RUNNING and not s.request.paused
+            if s.end > s.request.num_tokens:  # a placeholder: the step in flight samples it
+                assert len(self.pending) == 1 and s.num_new_tokens == 1
+                assert any(p.request_id == s.request_id and p.samples for p in self.pending[0][0].scheduled)
         # No block is written by two moves, and copies never read a block another move writes.
         written = [d for _, d in out.blocks_to_copy] + [d for _, d in out.blocks_to_swap_in]
         assert len(written) == len(set(written))
@@ -178,6 +218,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             ("parked beam", self.sched.parked),
             ("cache hit", any(s.num_computed_tokens and s.request_id not in was_running
                               for s in out.scheduled)),
+            ("placeholder", any(s.end > s.request.num_tokens for s in out.scheduled)),
+            ("preempted in flight", self.pending and out.preempted_req_ids),
         ]:
             if happened:
                 event(name)
@@ -198,9 +240,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         scheduled = {s.request_id for s in out.scheduled}
         exhausted = out.total_num_scheduled_tokens == self.budget
         # A running request is skipped, or given less than all its tokens, only when the
-        # budget ran out (or it is a paused beam).
-        assert exhausted or all(r.request_id in scheduled for r in sched.running if not r.paused)
-        assert exhausted or all(s.end == s.request.num_tokens for s in out.scheduled)
+        # budget ran out, it is a paused beam, or its placeholder ends it by length.
+        skippable = lambda r: r.paused or (  # noqa: E731
+            r.num_output_placeholders and reaches_length_cap(r, MAX_MODEL_LEN))
+        assert exhausted or all(r.request_id in scheduled for r in sched.running if not skippable(r))
+        assert exhausted or all(s.samples for s in out.scheduled)
         newcomers = [s.request for s in out.scheduled if s.request_id not in was_running]
         victims = [sched.get_request(rid) for rid in out.preempted_req_ids]
         others = [v for v in victims if v is not None and not v.paused]
@@ -225,11 +269,15 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert blocks_needed(kv, head, admission) > kv.num_free_blocks
 
     def _update(self, out, runner_out):
+        assert self.pending and self.pending[0][0] is out  # updates come in step order
+        self.pending.pop(0)
         for core_out in self.sched.update_from_output(out, runner_out):
             rid = core_out.request_id
+            assert rid not in self.done, "a result of a step wasted on a finished request"
             self.generated.setdefault(rid, []).extend(core_out.new_token_ids)
             if core_out.finished:
                 self.finished.add(rid)
+                self.done.add(rid)
                 request = next(s.request for s in out.scheduled if s.request_id == rid)
                 assert self.generated[rid] == request.output_token_ids
                 if request.max_tokens is not None:
@@ -266,11 +314,27 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.model.slots.get(block * bs + bs - 1) == self.digests[h]
         for r in self.sched.running:
             table = kv.get_block_ids(r.request_id)
-            full = r.num_computed_tokens // bs
+            full = min(r.num_computed_tokens, r.num_tokens) // bs  # placeholders are not hashed
             hashes = request_block_hashes(r, bs, full)
             for i in range(full):
                 h = kv.prefix_cache.hash_of(table[i])
                 assert h is None or h == hashes[i]
+
+    @invariant()
+    def placeholders_are_the_steps_in_flight(self):
+        """A request holds one placeholder per scheduled step not yet updated that samples it."""
+        in_flight = set()
+        for out, _ in self.pending:
+            in_flight |= {s.request_id for s in out.scheduled if s.samples}
+        for rid, r in self.sched.requests.items():
+            assert r.num_output_placeholders == (rid in in_flight)
+        # Nothing the cache offers holds a placeholder: every cached block's tokens are known.
+        kv = self.sched.kv_cache_manager
+        for r in self.sched.running:
+            table = kv.get_block_ids(r.request_id)
+            for i in range(r.num_tokens // self.block_size, len(table)):
+                assert kv.prefix_cache is None or kv.prefix_cache.hash_of(table[i]) is None or (
+                    kv.block_pool.ref_count(table[i]) > 1)
 
     @invariant()
     def requests_are_where_their_status_says(self):

@@ -101,7 +101,7 @@ def _prefill_logits(path: str, dtype: str, fast: bool) -> torch.Tensor:
         for i, prompt in enumerate(_prompts(2)):
             request = Request(f"r{i}", prompt, SamplingParams(max_tokens=1))
             num_blocks = -(-len(prompt) // 16)
-            scheduled.append(ScheduledRequest(request, 0, len(prompt), list(range(next_block, next_block + num_blocks))))
+            scheduled.append(ScheduledRequest(request, 0, len(prompt), list(range(next_block, next_block + num_blocks)), True))
             next_block += num_blocks
         step = SchedulerOutput(scheduled, sum(len(s.request.prompt_token_ids) for s in scheduled))
         with torch.inference_mode():

@@ -32,7 +32,8 @@ class _Seq:
         while len(self.blocks) * BLOCK < start + num_new:
             self.blocks.append(self.free.pop())
         self.request.num_computed_tokens += num_new
-        return ScheduledRequest(self.request, start, num_new, self.blocks)
+        samples = start + num_new >= self.request.num_tokens
+        return ScheduledRequest(self.request, start, num_new, self.blocks, samples)
 
 
 def _expected(scheduled: list[ScheduledRequest]) -> dict[str, list]:
