@@ -4,12 +4,17 @@ Not the user-facing benchmark (that is `folio bench throughput`): this drives LL
 step so it can also record the step timeline and a profiler window.
 
     PYTHONPATH=. python scripts/w1_offline.py --out DIR [--enforce-eager] [--timeline]
-        [--profile-steps 200:210] [--config qwen3-0.6b]
+        [--profile-steps 200:210] [--config qwen3-0.6b] [--modes async,sync]
 
 Prints output tok/s and checks that every request produced exactly its max_tokens tokens.
---timeline: CUDA events at each step's forward launch and at its end (after the sampled ids
-reached the host). "host gap" = end of step N to launch of step N+1 (the GPU idles: engine
-bookkeeping, scheduling, batch building); "in step" = launch to end (forward, LM head, sampling).
+--modes: W1 once per scheduling mode, one after the other on the same engine (async: the next
+step is launched before this one's tokens are back; sync: --no-async-scheduling).
+--timeline: CUDA events on the stream before each step's forward (after its batch is built) and
+after its last device work (sampling and the copies to the host). "in step" = the step's GPU
+time; "gap" = end of step N to the start of step N+1's forward on the GPU: the GPU idles (sync
+mode: engine bookkeeping, scheduling, batch building; async mode: only what the host could not
+hide behind the step before, plus the next step's input copies). "wait" = host time blocked on
+a step's results.
 """
 
 from __future__ import annotations
@@ -62,28 +67,47 @@ class Timeline:
         self.tag = tag
         runner = engine.runner
         self.steps: list[tuple[torch.cuda.Event, torch.cuda.Event, int, int, int]] = []
-        self.host = {"schedule": 0.0, "update_from_output": 0.0, "process_outputs": 0.0, "build": 0.0}
+        self.host = {"schedule": 0.0, "update_from_output": 0.0, "process_outputs": 0.0, "build": 0.0,
+                     "launch": 0.0, "wait": 0.0}
         self._launch: torch.cuda.Event | None = None
-        execute = runner.execute_model
+        launch = self._time(runner, "launch")
         self._time(engine.scheduler, "schedule")
         self._time(engine.scheduler, "update_from_output")
         self._time(engine.output_processor, "process_outputs")
         build = self._time(runner.inputs, "build")
+        from folio.worker.pending_output import PendingOutput
+
+        self._restore = (PendingOutput, PendingOutput.result)
+        result = PendingOutput.result
+        host = self.host
+
+        def timed_result(pending):
+            start = time.perf_counter()
+            try:
+                return result(pending)
+            finally:
+                host["wait"] += time.perf_counter() - start
+
+        PendingOutput.result = timed_result
 
         def timed_build(*args, **kwargs):
             inputs = build(*args, **kwargs)
             self._launch = _event()
             return inputs
 
-        def timed_execute(so):
+        def timed_launch(so):
             self._launch = None
-            out = execute(so)
+            pending = launch(so)
             if self._launch is not None:
                 context = sum(s.num_computed_tokens + s.num_new_tokens for s in so.scheduled)
                 self.steps.append((self._launch, _event(), len(so.scheduled), so.total_num_scheduled_tokens, context))
-            return out
+            return pending
 
-        runner.inputs.build, runner.execute_model = timed_build, timed_execute
+        runner.inputs.build, runner.launch = timed_build, timed_launch
+
+    def close(self) -> None:
+        cls, result = self._restore
+        cls.result = result
 
     def _time(self, obj, name: str):
         fn = getattr(obj, name)
@@ -112,8 +136,8 @@ class Timeline:
             "steps": len(self.steps),
             "decode_steps": len(decode),
             "in_step_total_s": round(sum(in_step) / 1e3, 3),
-            "host_gap_total_s": round(sum(gaps) / 1e3, 3),
-            "host_gap_median_ms": round(statistics.median(gaps), 3) if gaps else 0.0,
+            "gap_total_s": round(sum(gaps) / 1e3, 3),
+            "gap_median_ms": round(statistics.median(gaps), 3) if gaps else 0.0,
             "decode_in_step_median_ms": round(statistics.median(decode), 3) if decode else 0.0,
             "mixed_in_step_total_s": round((sum(in_step) - sum(decode)) / 1e3, 3),
             "host_s": {k: round(v, 3) for k, v in self.host.items()},
@@ -126,10 +150,9 @@ def _event() -> torch.cuda.Event:
     return event
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace) -> list[dict]:
     from folio import LLM, SamplingParams
     from folio.kernels.triton_compat import set_triton_kernels
-    from folio.sampling_params import RequestOutputKind
 
     if args.no_triton_kernels:
         set_triton_kernels(False)
@@ -145,21 +168,36 @@ def run(args: argparse.Namespace) -> dict:
     startup = time.perf_counter() - start
     engine = llm.llm_engine
     llm.generate([{"prompt_token_ids": [1] * 300}] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
-    prompts, out_lens = w1(args.num_requests)
-    # LLM.generate asks for FINAL_ONLY outputs; --output-kind cumulative streams every step's.
-    kind = RequestOutputKind.FINAL_ONLY if args.output_kind == "final" else RequestOutputKind.CUMULATIVE
     if args.gc_freeze:
         gc.collect()
         gc.freeze()
+    results = []
+    for mode in args.modes.split(","):
+        engine.async_scheduling = mode == "async"
+        result = run_w1(args, engine, mode)
+        result["startup_s"] = round(startup, 2)
+        print(json.dumps(result, indent=1), flush=True)
+        results.append(result)
+    return results
+
+
+def run_w1(args: argparse.Namespace, engine, mode: str) -> dict:
+    from folio import SamplingParams
+    from folio.sampling_params import RequestOutputKind
+
+    prompts, out_lens = w1(args.num_requests)
+    # LLM.generate asks for FINAL_ONLY outputs; --output-kind cumulative streams every step's.
+    kind = RequestOutputKind.FINAL_ONLY if args.output_kind == "final" else RequestOutputKind.CUMULATIVE
     for i, (prompt, n) in enumerate(zip(prompts, out_lens)):
         params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n, output_kind=kind)
         engine.add_request(f"w1-{i}", {"prompt_token_ids": prompt}, params)
-    tag = ("eager" if args.enforce_eager else "graphs") + ("-gc" if args.gc_freeze else "")
+    tag = ("eager" if args.enforce_eager else "graphs") + ("-gc" if args.gc_freeze else "") + f"-{mode}"
     timeline = Timeline(engine, f"{args.config}-{tag}") if args.timeline else None
     lo, hi = (int(x) for x in args.profile_steps.split(":")) if args.profile_steps else (-1, -1)
     profiler, finished, step = None, {}, 0
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+    preemptions = engine.scheduler.num_preemptions
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         if step == lo:
@@ -171,17 +209,17 @@ def run(args: argparse.Namespace) -> dict:
         step += 1
         if step == hi and profiler is not None:
             profiler.__exit__(None, None, None)
-            _save_profile(profiler, args.out)
+            _save_profile(profiler, args.out, tag)
     elapsed = time.perf_counter() - start
     wrong = [i for i, n in enumerate(out_lens) if finished.get(f"w1-{i}") != n]
     result = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "config": args.config,
+        "scheduling": mode,
         "enforce_eager": args.enforce_eager,
         "triton_kernels": not args.no_triton_kernels,
         "output_kind": args.output_kind,
         "gc_freeze": args.gc_freeze,
-        "startup_s": round(startup, 2),
         "elapsed_s": round(elapsed, 3),
         "steps": step,
         "output_tokens": sum(out_lens),
@@ -189,18 +227,27 @@ def run(args: argparse.Namespace) -> dict:
         "total_tok_per_s": round((sum(out_lens) + sum(map(len, prompts))) / elapsed, 1),
         "requests_with_wrong_count": len(wrong),
         "num_blocks": engine.num_blocks,
-        "preemptions": engine.scheduler.num_preemptions,
+        "preemptions": engine.scheduler.num_preemptions - preemptions,
     }
     if timeline is not None:
+        timeline.close()
         result["timeline"] = timeline.summary(args.out)
+        _untime(engine)
     return result
 
 
-def _save_profile(profiler, out: str | None) -> None:
+def _untime(engine) -> None:
+    """Drop the Timeline's wrappers (instance attributes) so the next run starts clean."""
+    for obj in (engine.runner, engine.runner.inputs, engine.scheduler, engine.output_processor):
+        for name in ("launch", "build", "schedule", "update_from_output", "process_outputs"):
+            obj.__dict__.pop(name, None)
+
+
+def _save_profile(profiler, out: str | None, tag: str) -> None:
     table = profiler.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
     print(table)
     if out:
-        with open(os.path.join(out, "profile.txt"), "w") as f:
+        with open(os.path.join(out, f"profile-{tag}.txt"), "w") as f:
             f.write(table)
 
 
@@ -219,13 +266,16 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--modes", default="async", help="comma-separated: async, sync")
     args = parser.parse_args()
-    result = run(args)
-    print(json.dumps(result, indent=1))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+    results = run(args)
     if args.out:
         with open(os.path.join(args.out, "result.json"), "a") as f:
-            f.write(json.dumps(result) + "\n")
-    sys.exit(1 if result["requests_with_wrong_count"] else 0)
+            for result in results:
+                f.write(json.dumps(result) + "\n")
+    sys.exit(1 if any(r["requests_with_wrong_count"] for r in results) else 0)
 
 
 if __name__ == "__main__":

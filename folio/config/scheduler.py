@@ -16,6 +16,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"
     preemption_mode: str | None = None  # None: the scheduler chooses (see core/scheduler)
+    # Plan and launch step N+1 while step N runs on the device (engine/llm_engine.py).
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):

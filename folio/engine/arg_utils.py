@@ -51,6 +51,7 @@ class EngineArgs:
     preemption_mode: str | None = None
     attention_backend: str = "auto"
     max_logprobs: int = 20
+    async_scheduling: bool = True
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -96,6 +97,7 @@ class EngineArgs:
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
             preemption_mode=self.preemption_mode,
+            async_scheduling=self.async_scheduling,
         )
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}.")
@@ -135,6 +137,12 @@ class EngineArgs:
         g.add_argument("--preemption-mode", default=None, choices=["recompute", "swap"])
         g.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "torch", "triton"])
         g.add_argument("--max-logprobs", type=int, default=d.max_logprobs)
+        g.add_argument(
+            "--async-scheduling",
+            action=argparse.BooleanOptionalAction,
+            default=d.async_scheduling,
+            help="plan and launch each step while the previous one runs on the device",
+        )
         return parser
 
     @classmethod

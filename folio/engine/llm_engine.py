@@ -1,7 +1,24 @@
 """LLMEngine: add_request / step / abort over the scheduler, the model runner and the output side.
 
 One step = schedule -> forward + sample -> stop checks -> text and RequestOutputs. The engine is
-synchronous and single-threaded; AsyncLLM drives it from the server's event loop.
+single-threaded; AsyncLLM drives it from the server's event loop.
+
+Async scheduling (SchedulerConfig.async_scheduling, on by default): step() launches the next
+step before it waits for the current one, so the device runs step N+1 while the host turns step
+N's tokens into outputs and plans step N+2. The scheduler plans around each running request's
+token still in flight (a placeholder, core/scheduler.py); the runner gathers its id on the
+device. What that costs and why it is safe:
+- a request that a stop token or stop string ends at step N had a slot in step N+1: that
+  result is dropped; requests ending by length are not scheduled past their end;
+- K/V: every step's work is queued on one CUDA stream, in launch order. Blocks freed after
+  step N (finished, aborted, preempted requests) are handed out again only by a later
+  schedule(), whose step is queued after N and N+1, so a new owner never has its blocks written
+  by an old owner's wasted step, and CPU swap blocks follow the same order. A wasted step writes
+  only its request's own placeholder slot, in a block the prefix cache does not hold (blocks are
+  registered only once every token in them is known);
+- requests that need each token on the host before the next step (penalties, beam search:
+  Request.needs_sync_steps) make steps synchronous while any is unfinished;
+- when step() returns with nothing left to run, nothing is in flight.
 """
 
 from __future__ import annotations
@@ -14,7 +31,9 @@ from typing import Any
 
 from folio.config import EngineConfig
 from folio.core.request import RequestStatus
+from folio.core.outputs import ModelRunnerOutput
 from folio.core.scheduler import Scheduler
+from folio.core.scheduler_output import SchedulerOutput
 from folio.engine.arg_utils import EngineArgs
 from folio.engine.beam_search import BeamSearchManager, BeamSearchParams
 from folio.engine.input_processor import InputProcessor, PromptType
@@ -24,6 +43,7 @@ from folio.outputs import RequestOutput
 from folio.sampling_params import SamplingParams
 from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
 from folio.worker.model_runner import ModelRunner
+from folio.worker.pending_output import PendingOutput
 
 logger = init_logger(__name__)
 
@@ -89,6 +109,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.beam_search = BeamSearchManager(self.scheduler, self.tokenizer, eos, config.model.max_model_len)
         self._request_errors: dict[str, Exception] = {}
+        self.async_scheduling = config.scheduler.async_scheduling
+        self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not updated
         logger.info(
             "Engine ready in %.1f s: %s on %s, dtype %s, max_model_len %d, max_num_seqs %d, "
             "max_num_batched_tokens %d",
@@ -152,8 +174,27 @@ class LLMEngine:
         self.beam_search.abort(ids)
 
     def step(self) -> list[RequestOutput]:
+        """The outputs of one step. With async scheduling the next step is running on the
+        device when this returns, unless nothing is left to run or a request needs
+        synchronous steps."""
+        if not self.async_scheduling:
+            scheduler_output = self.scheduler.schedule()
+            return self._finish_step(scheduler_output, self.runner.execute_model(scheduler_output))
+        current = self._in_flight or self._launch()
+        self._in_flight = None if self.scheduler.requires_sync_steps else self._launch()
+        outputs = self._finish_step(current[0], current[1].result())
+        if self._in_flight is not None and not self.scheduler.has_unfinished_requests():
+            so, pending = self._in_flight  # every request in it has finished: results dropped
+            self._in_flight = None
+            self._finish_step(so, pending.result())
+        return outputs
+
+    def _launch(self) -> tuple[SchedulerOutput, PendingOutput]:
         scheduler_output = self.scheduler.schedule()
-        runner_output = self.runner.execute_model(scheduler_output)
+        return scheduler_output, self.runner.launch(scheduler_output)
+
+    def _finish_step(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> list[RequestOutput]:
+        """Stop checks, beam search, text and RequestOutputs for one step's sampled tokens."""
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         beam_outputs, core_outputs = self.beam_search.process(core_outputs)
         outputs, stopped = self.output_processor.process_outputs(core_outputs)

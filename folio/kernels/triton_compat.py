@@ -143,6 +143,13 @@ def check_same_device(kernel: Any, **tensors: torch.Tensor) -> torch.device:
             f"{kernel_name(kernel)}: CPU tensors run only through Triton's interpreter; set "
             "TRITON_INTERPRET=1 before folio.kernels is imported, or use the torch reference."
         )
+    # triton.language imported before the interpreter was on (transformers' model classes import
+    # it) keeps compiled-mode helpers (tl.cdiv, ...) that interpreted kernels cannot call.
+    if first.type == "cpu" and not is_interpreted(tl.cdiv):
+        raise RuntimeError(
+            f"{kernel_name(kernel)}: triton.language was imported before Triton's interpreter was "
+            "switched on; set TRITON_INTERPRET=1 before importing transformers or folio."
+        )
     if first.type not in ("cpu", "cuda"):
         raise ValueError(f"{kernel_name(kernel)}: unsupported device {first}.")
     return first

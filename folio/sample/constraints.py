@@ -88,7 +88,7 @@ def _build_stop_bans(
     token_ids: list[int] = []
     for i, row in enumerate(rows):
         params = row.params
-        if len(row.output_token_ids) >= params.min_tokens:
+        if row.num_output_tokens >= params.min_tokens:
             continue
         # An EOS id outside the logits (a padded tokenizer) can never be sampled: skip it.
         ids = [t for t in params.all_stop_token_ids if t < vocab_size]

@@ -23,8 +23,13 @@ class SamplingRow:
 
     params: SamplingParams
     prompt_token_ids: list[int]
-    output_token_ids: list[int]  # generated so far (for penalties and min_tokens)
+    # Generated so far, for penalties. With async scheduling the last of them may still be on
+    # its way (a placeholder): requests with penalties never overlap steps (Request.
+    # needs_sync_steps), so for them the list is complete.
+    output_token_ids: list[int]
     generator: torch.Generator | None  # per-request generator when params.seed is set, else None
+    # Outputs before the one this step samples (for min_tokens), placeholders included.
+    num_output_tokens: int
 
 
 @dataclass

@@ -43,6 +43,9 @@ class PenaltyTensors:
         if not chosen:
             return None
         picked = [rows[i] for i in chosen]
+        if any(len(r.output_token_ids) != r.num_output_tokens for r in picked):
+            # Placeholders: the engine must not overlap steps of requests with penalties.
+            raise RuntimeError("Penalties need every output token on the host before sampling.")
         repetition = [r.params.repetition_penalty for r in picked]
         frequency = [r.params.frequency_penalty for r in picked]
         presence = [r.params.presence_penalty for r in picked]

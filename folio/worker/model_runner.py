@@ -1,4 +1,12 @@
-"""ModelRunner: turns a SchedulerOutput into one forward pass and the sampled tokens."""
+"""ModelRunner: turns a SchedulerOutput into one forward pass and the sampled tokens.
+
+`launch` queues a step's device work and the copies of its results to the host, and returns
+at once with a PendingOutput; `execute_model` is launch + wait. Between a launch and its wait
+the engine may plan and launch the next step (async scheduling): its placeholder input ids are
+gathered on the device from this step's sampled ids (worker/sampled_ids.py). Everything runs on
+one CUDA stream, so each step's block moves, cache writes and reads come after the previous
+step's, whatever the host has done meanwhile.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +14,18 @@ import torch
 
 from folio.attention import get_attention_backend
 from folio.config import EngineConfig
-from folio.core.outputs import ModelRunnerOutput, PromptLogprobsChunk, TokenLogprobs
+from folio.core.outputs import ModelRunnerOutput
 from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from folio.logger import init_logger
 from folio.models.loader import load_model
 from folio.sample.metadata import SamplingMetadata, SamplingRow
 from folio.sample.sampler import Sampler, gather_logprobs, make_request_generator
+from folio.sample.transfer import to_device
 from folio.worker import block_ops
 from folio.worker import kv_cache as kvc
 from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, graph_batch_sizes
+from folio.worker.pending_output import PendingOutput
+from folio.worker.sampled_ids import DeviceSampledIds
 from folio.worker.step_inputs import PromptLogprobsPlan, StepInputBuilder, StepInputs
 
 logger = init_logger(__name__)
@@ -50,6 +61,7 @@ class ModelRunner:
         # Per-request state that must outlive preemption: seeded generators, prompt-logprob progress.
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs_done: dict[str, int] = {}
+        self.last_sampled = DeviceSampledIds(self.device)
 
     # ---- KV cache ---------------------------------------------------------------------------
     def determine_num_blocks(self) -> int:
@@ -126,81 +138,87 @@ class ModelRunner:
             self.model.bind_kv_caches([None] * self.kv_spec.num_layers)  # type: ignore[list-item]
             self.generators.clear()
             self.prompt_logprobs_done.clear()
+            self.last_sampled.record(None, [], [])
             self.inputs.forget(tuple(s.request_id for s in so.scheduled))
             del cache
 
     # ---- one step ---------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.launch(scheduler_output).result()
+
+    @torch.inference_mode()
+    def launch(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        """Queue the step (block moves, forward, sampling, copies to the host) without waiting.
+
+        Reads the scheduled requests' state now: call it right after schedule(), before the
+        update of any earlier step changes their tokens.
+        """
         self._forget(scheduler_output.finished_req_ids)
         self.inputs.forget(scheduler_output.preempted_req_ids)
         self._move_blocks(scheduler_output)
         scheduled = scheduler_output.scheduled
+        pending = PendingOutput([s.request_id for s in scheduled])
         if not scheduled:
-            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+            self.last_sampled.record(None, [], [])
+            return pending
         bucket = self._graph_bucket(scheduler_output)
         inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket)
+        if inputs.placeholder_rows:
+            request_ids = [scheduled[i].request_id for i in inputs.placeholder_batch_indices]
+            self.last_sampled.fill(inputs.input_ids, inputs.placeholder_rows, request_ids)
         if bucket is not None and self.graphs is not None:
             hidden = self.graphs.replay(bucket)  # [bucket, hidden]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
-        output = ModelRunnerOutput(
-            req_ids=[s.request_id for s in scheduled],
-            sampled_token_ids=[[] for _ in scheduled],
-            logprobs=[None for _ in scheduled],
-        )
         if inputs.sampling_batch_indices:
-            self._sample(hidden, inputs, scheduled, output)
+            self._sample(hidden, inputs, scheduled, pending)
+        else:
+            self.last_sampled.record(None, [], [])
         for plan in inputs.prompt_logprobs_plans:
-            self._score_prompt(hidden, plan, scheduled[plan.batch_index], output)
-        return output
+            self._score_prompt(hidden, plan, scheduled[plan.batch_index], pending)
+        pending.seal(self.device)
+        return pending
 
     def _sample(
         self,
         hidden: torch.Tensor,  # [num_tokens, hidden]
         inputs: StepInputs,
         scheduled: list[ScheduledRequest],
-        output: ModelRunnerOutput,
+        pending: PendingOutput,
     ) -> None:
         if inputs.logits_indices is None:  # every token samples (decode): no gather
             logits = self.model.compute_logits(hidden[: inputs.num_tokens])  # [num_tokens, vocab]
         else:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
-        rows = [self._sampling_row(scheduled[i]) for i in inputs.sampling_batch_indices]
+        indices = inputs.sampling_batch_indices
+        rows = [self._sampling_row(scheduled[i]) for i in indices]
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
         result = self.sampler(logits, metadata)
-        token_ids = result.sampled_token_ids.tolist()  # the one device->host sync of the step
-        sampled = output.sampled_token_ids
-        for row, batch_index in enumerate(inputs.sampling_batch_indices):
-            sampled[batch_index] = [token_ids[row]]
+        pending.add_sampled(result.sampled_token_ids, indices)  # the step's one copy to the host
+        self.last_sampled.record(result.sampled_token_ids, scheduled, indices)
         if result.logprobs is None:
             return
-        lp_ids = result.logprob_token_ids.tolist()
-        lp_values = result.logprobs.tolist()
-        ranks = result.sampled_ranks.tolist()
-        for row, batch_index in enumerate(inputs.sampling_batch_indices):
-            num = scheduled[batch_index].request.sampling_params.logprobs
-            if num is not None:
-                output.logprobs[batch_index] = [
-                    TokenLogprobs(lp_ids[row][: num + 1], lp_values[row][: num + 1], ranks[row])
-                ]
+        wanted = [
+            (row, batch_index, num)
+            for row, (batch_index, sampling_row) in enumerate(zip(indices, rows))
+            if (num := sampling_row.params.logprobs) is not None
+        ]
+        pending.add_logprobs(result.logprob_token_ids, result.logprobs, result.sampled_ranks, wanted)
 
     def _score_prompt(
         self,
         hidden: torch.Tensor,
         plan: PromptLogprobsPlan,
         sched: ScheduledRequest,
-        output: ModelRunnerOutput,
+        pending: PendingOutput,
     ) -> None:
-        rows = torch.tensor(plan.token_rows, device=self.device)
+        rows = to_device(plan.token_rows, torch.int64, self.device)
         logits = self.model.compute_logits(hidden[rows])  # [n, vocab]
-        targets = torch.tensor(plan.target_ids, device=self.device)
+        targets = to_device(plan.target_ids, torch.int64, self.device)
         num = sched.request.sampling_params.prompt_logprobs or 0
         ids, values, ranks = gather_logprobs(logits, targets, num)
-        ids_l, values_l, ranks_l = ids.tolist(), values.tolist(), ranks.tolist()
-        entries = [TokenLogprobs(ids_l[i], values_l[i], ranks_l[i]) for i in range(len(ids_l))]
-        output.prompt_logprobs[sched.request_id] = PromptLogprobsChunk(plan.start, entries)
-        self.prompt_logprobs_done[sched.request_id] = plan.start + len(entries)
+        pending.add_prompt_logprobs(sched.request_id, plan.start, ids, values, ranks)
+        self.prompt_logprobs_done[sched.request_id] = plan.start + len(plan.target_ids)
 
     def _sampling_row(self, sched: ScheduledRequest) -> SamplingRow:
         request = sched.request
@@ -211,7 +229,8 @@ class ModelRunner:
             if generator is None:
                 generator = make_request_generator(params.seed, self.device)
                 self.generators[request.request_id] = generator
-        return SamplingRow(params, request.prompt_token_ids, request.output_token_ids, generator)
+        num_outputs = sched.end - request.num_prompt_tokens  # before this one, placeholders included
+        return SamplingRow(params, request.prompt_token_ids, request.output_token_ids, generator, num_outputs)
 
     def _move_blocks(self, scheduler_output: SchedulerOutput) -> None:
         """Swap-outs, copy-on-write copies and swap-ins the scheduler asked for, in that order,

@@ -44,6 +44,10 @@ class StepInputs:
     sampling_batch_indices: list[int]  # which scheduled requests sample, in logits order
     prompt_logprobs_plans: list[PromptLogprobsPlan]
     num_tokens: int  # real tokens (input_ids may be padded past this)
+    # Async scheduling: tokens whose id the previous step samples on the device (input_ids
+    # holds 0 there until the runner gathers them): their rows, and their requests' batch indices.
+    placeholder_rows: list[int]
+    placeholder_batch_indices: list[int]
 
 
 class _Buffers:
@@ -122,7 +126,7 @@ class StepInputBuilder:
             self._copied.synchronize()
         self.block_table.begin_step()
         h = self.buffers.np
-        rows, starts, counts, logits_rows, sampling, plans = self._fill_token_ids(
+        rows, starts, counts, logits_rows, sampling, plans, placeholders = self._fill_token_ids(
             scheduled, h["input_ids"], prompt_logprobs_done
         )
         seq_lens = starts + counts  # [num_seqs]
@@ -170,6 +174,8 @@ class StepInputBuilder:
             sampling_batch_indices=sampling,
             prompt_logprobs_plans=plans,
             num_tokens=num_tokens,
+            placeholder_rows=placeholders[0],
+            placeholder_batch_indices=placeholders[1],
         )
 
     def _fill_token_ids(
@@ -177,12 +183,14 @@ class StepInputBuilder:
         scheduled: list[ScheduledRequest],
         input_ids: np.ndarray,
         prompt_logprobs_done: dict[str, int],
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[int], list[PromptLogprobsPlan]]:
-        """The per-request loop: block-table rows, new token ids, and who samples."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[int], list[PromptLogprobsPlan], tuple[list[int], list[int]]]:
+        """The per-request loop: block-table rows, new token ids, who samples, and whose new
+        token is a placeholder (the only new token then; see ScheduledRequest)."""
         rows, starts, counts, ids = [], [], [], []
         logits_rows: list[int] = []
         sampling: list[int] = []
         plans: list[PromptLogprobsPlan] = []
+        placeholders: tuple[list[int], list[int]] = ([], [])  # (token rows, batch indices)
         row_for = self.block_table.row_for
         offset = 0
         # Plain Python lists inside the loop (a numpy scalar write costs ~10x a list append).
@@ -194,8 +202,15 @@ class StepInputBuilder:
             counts.append(n)
             tokens = request.all_token_ids
             if n == 1:
-                ids.append(tokens[start])
+                if start < len(tokens):
+                    ids.append(tokens[start])
+                else:  # sampled by the step in flight: the runner fills it in on the device
+                    ids.append(0)
+                    placeholders[0].append(offset)
+                    placeholders[1].append(i)
             else:
+                if start + n > len(tokens):
+                    raise ValueError(f"{request.request_id}: a placeholder in a {n}-token chunk.")
                 ids.extend(tokens[start : start + n])
             if request.sampling_params.prompt_logprobs is not None:
                 plan = _plan_prompt_logprobs(i, sched, offset, prompt_logprobs_done)
@@ -207,7 +222,7 @@ class StepInputBuilder:
                 sampling.append(i)
         input_ids[:offset] = ids
         as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-        return as_array(rows), as_array(starts), as_array(counts), logits_rows, sampling, plans
+        return as_array(rows), as_array(starts), as_array(counts), logits_rows, sampling, plans, placeholders
 
     def _copy_to_device(self, padded_tokens: int, padded_seqs: int, step_table: np.ndarray) -> None:
         """Copy this step's prefixes of the host buffers into the device buffers (async)."""

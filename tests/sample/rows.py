@@ -25,7 +25,7 @@ def make_row(
     generator = None
     if params.seed is not None and not params.sampling_type_greedy:
         generator = make_request_generator(params.seed, device)
-    return SamplingRow(params, list(prompt), list(output), generator)
+    return SamplingRow(params, list(prompt), list(output), generator, len(output))
 
 
 def sample(
@@ -57,7 +57,7 @@ def decode_seeded(
     sampler = Sampler(sampler_seed, device)
     tokens: list[int] = []
     for step in range(steps):
-        seeded.output_token_ids = list(tokens)
+        seeded.output_token_ids, seeded.num_output_tokens = list(tokens), len(tokens)
         others = others_for_step(step)
         position = step % (len(others) + 1)
         rows = others[:position] + [seeded] + others[position:]

@@ -127,19 +127,28 @@ def test_bfloat16_logits_stay_within_bf16_tolerance_of_float32(checkpoint):
     assert rel(triton_bf16) < 2 * rel(torch_bf16) + 1e-3, (rel(triton_bf16), rel(torch_bf16))
 
 
-def test_a_decode_step_synchronises_once(tmp_path):
-    """The sampled ids' copy to the host is the step's only synchronisation (graph replay, batch
-    building, sampling metadata and the LM head all queue without waiting)."""
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_decode_steps_never_synchronise_the_stream(tmp_path, async_scheduling):
+    """A step waits for its sampled ids on an event recorded after their copy to the host
+    (worker/pending_output.py), once per step; nothing synchronises the stream or the device
+    (graph replay, batch building, sampling metadata, the LM head and the placeholder gather
+    all queue without waiting)."""
     import warnings
 
+    from folio.worker.pending_output import PendingOutput
+
     path = make_tiny_checkpoint("qwen3", str(tmp_path))
-    llm = LLM(model=path, device="cuda", dtype="bfloat16", num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=16)
+    llm = LLM(model=path, device="cuda", dtype="bfloat16", num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=16,
+              async_scheduling=async_scheduling)
     engine = llm.llm_engine
     for i, prompt in enumerate(_prompts(3)[:5]):
         engine.add_request(str(i), {"prompt_token_ids": prompt}, SamplingParams(max_tokens=30, ignore_eos=True))
     for _ in range(3):  # prefill, then decodes
         engine.step()
     assert engine.runner.graphs is not None
+    waits = []
+    result = PendingOutput.result
+    PendingOutput.result = lambda self: (waits.append(1), result(self))[1]
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -148,5 +157,7 @@ def test_a_decode_step_synchronises_once(tmp_path):
                 engine.step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+        PendingOutput.result = result
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    assert len(syncs) == 4, [str(w.message) for w in syncs]
+    assert syncs == [], [str(w.message) for w in syncs]
+    assert len(waits) == 4

@@ -1,0 +1,87 @@
+"""The engine's host cost per step, on the CPU, with the model replaced by a stub.
+
+The GPU's time per step is fixed by the kernels; what the host spends around it (scheduling,
+batch building, sampling metadata, stop checks, outputs) is what async scheduling must hide and
+what this measures: LLMEngine.step on a tiny checkpoint whose forward and LM head return
+precomputed tensors at once, so nearly all the time left is engine Python.
+
+    PYTHONPATH=. python scripts/host_profile.py [--requests 256] [--steps 200] [--profile]
+        [--output-kind final|cumulative] [--no-tokenizer] [--sync]
+
+Prints ms per decode step (steady state, every request decoding) and, with --profile, the
+cProfile table of those steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import tempfile
+import time
+
+import torch
+
+from folio import LLM, SamplingParams
+from folio.sampling_params import RequestOutputKind
+from tests.helpers.checkpoints import make_tiny_checkpoint
+from tests.helpers.tokenizers import save_test_tokenizer
+
+
+class StubModel:
+    """Forward and LM head that cost nothing: zeros, then fixed logits per batch row."""
+
+    def __init__(self, hidden: int, vocab: int, rows: int) -> None:
+        self.hidden = hidden
+        self.logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
+
+    def __call__(self, input_ids, positions, attn_metadata):
+        return torch.zeros(input_ids.shape[0], self.hidden)
+
+    def compute_logits(self, hidden):
+        return self.logits[: hidden.shape[0]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=200, help="decode steps measured")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--output-kind", default="final", choices=["final", "cumulative"])
+    parser.add_argument("--no-tokenizer", action="store_true", help="token ids only, as W1 on dummy weights")
+    parser.add_argument("--sync", action="store_true", help="--no-async-scheduling")
+    args = parser.parse_args()
+
+    path = tempfile.mkdtemp(prefix="folio-host-")
+    make_tiny_checkpoint("qwen3", path)
+    if not args.no_tokenizer:
+        save_test_tokenizer(path)
+    llm = LLM(model=path, dtype="float32", device="cpu", max_model_len=512, max_num_seqs=args.requests,
+              async_scheduling=not args.sync)
+    engine = llm.llm_engine
+    config = engine.config.model
+    engine.runner.model = StubModel(config.hidden_size, config.vocab_size, args.requests)
+    kind = RequestOutputKind.FINAL_ONLY if args.output_kind == "final" else RequestOutputKind.CUMULATIVE
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=min(args.steps + 50, 480), output_kind=kind)
+    for i in range(args.requests):
+        engine.add_request(str(i), {"prompt_token_ids": [3 + (i + j) % 90 for j in range(16)]}, params)
+    for _ in range(10):  # prefill and the first decodes
+        engine.step()
+    profiler = cProfile.Profile() if args.profile else None
+    start = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    for _ in range(args.steps):
+        engine.step()
+    if profiler:
+        profiler.disable()
+    elapsed = time.perf_counter() - start
+    print(f"{args.requests} requests, {args.steps} decode steps: {1e3 * elapsed / args.steps:.3f} ms per step "
+          f"({1e6 * elapsed / args.steps / args.requests:.2f} us per request)")
+    if profiler:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+
+
+if __name__ == "__main__":
+    main()
