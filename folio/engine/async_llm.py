@@ -329,11 +329,12 @@ def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
         for c in output.outputs:
             seen = by_index.get(c.index)
             by_index[c.index] = c if seen is None else _concat(seen, c)
-    last = outputs[-1]
     return replace(
-        last,
+        outputs[-1],
         outputs=[by_index[i] for i in sorted(by_index)],
         num_cached_tokens=max(o.num_cached_tokens for o in outputs),
+        # An engine process sends prompt log-probs once, with the first output that has tokens.
+        prompt_logprobs=next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None),
     )
 
 

@@ -180,14 +180,23 @@ def scrape(url: str) -> dict[str, float]:
     return values
 
 
-def _child_pid(pid: int) -> int | None:
-    """The engine process, when the server has one (its only child)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            children = [int(c) for c in f.read().split()]
-    except OSError:
-        return None
-    return children[0] if children else None
+def _children(pid: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        children.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return children
+
+
+def _engine_cpu(pid: int) -> float:
+    """CPU seconds of the busiest child process's main thread: the engine process's loop, when
+    the server has one (multiprocessing may also start a resource tracker)."""
+    return max((thread_cpu(child).get(child, 0.0) for child in _children(pid)), default=0.0)
 
 
 def run_http(engine_kwargs: dict, prompts: list[list[int]], max_tokens: int, engine_process: bool) -> dict:
@@ -209,14 +218,13 @@ def run_http(engine_kwargs: dict, prompts: list[list[int]], max_tokens: int, eng
         limits = httpx.Limits(max_connections=len(prompts) + 8)
         async with httpx.AsyncClient(timeout=None, limits=limits) as client:
             await asyncio.gather(*(one(client, p) for p in prompts[:4]))  # warm up
-            child = _child_pid(proc.pid)
             before, cpu_before = scrape(url), thread_cpu(proc.pid)
-            engine_before = thread_cpu(child).get(child, 0.0) if child else 0.0
-            start = time.perf_counter()
+            engine_before = _engine_cpu(proc.pid)
+            start, client_start = time.perf_counter(), time.process_time()
             tokens = sum(await asyncio.gather(*(one(client, p) for p in prompts)))
-            wall = time.perf_counter() - start
+            wall, client_cpu = time.perf_counter() - start, time.process_time() - client_start
             after, cpu_after = scrape(url), thread_cpu(proc.pid)
-            engine_after = thread_cpu(child).get(child, 0.0) if child else 0.0
+            engine_after = _engine_cpu(proc.pid)
         steps = after["folio:engine_steps_total"] - before["folio:engine_steps_total"]
         busy = after["folio:engine_step_seconds_total"] - before["folio:engine_step_seconds_total"]
         name = "http-process" if engine_process else "http-thread"
@@ -225,6 +233,7 @@ def run_http(engine_kwargs: dict, prompts: list[list[int]], max_tokens: int, eng
         else:
             engine_cpu, loop_cpu = split_cpu(cpu_before, cpu_after, proc.pid)
         row = report(name, wall, tokens, steps, busy, engine_cpu, loop_cpu)
+        print(json.dumps({"clients_cpu_ms_per_step": round(1e3 * client_cpu / steps, 2)}), flush=True)
         return row
 
     try:

@@ -41,7 +41,7 @@ class OpenAIServingChat(OpenAIServing):
             continue_final_message=request.continue_final_message,
             chat_template_kwargs=request.chat_template_kwargs,
         )
-        prompt = EnginePrompt(self.encode(text, add_special_tokens=False), text)
+        prompt = EnginePrompt(self.encode(text, add_special_tokens=False, param="messages"), text)
         params = self._params(request, prompt)
         request_id = random_id("chatcmpl")
         streams = await self.add_requests(request_id, [prompt], [params], request.priority)
@@ -123,11 +123,13 @@ class OpenAIServingChat(OpenAIServing):
 
     def _delta_choice(self, call: _Call, c: CompletionOutput) -> ChatStreamChoice | None:
         logprobs = self._logprobs(call, c)
-        if not c.text and c.finish_reason is None and not (logprobs and logprobs.content):
+        # A new token is an event even when its text is held back (a possible stop string) or
+        # there is none (a model served without a tokenizer): clients time tokens by events.
+        if not c.token_ids and not c.text and c.finish_reason is None and not (logprobs and logprobs.content):
             return None
         return ChatStreamChoice(
             index=c.index,
-            delta=DeltaMessage(content=c.text) if c.text else DeltaMessage(),
+            delta=DeltaMessage(content=c.text) if c.text or c.token_ids else DeltaMessage(),
             logprobs=logprobs,
             finish_reason=c.finish_reason,
             stop_reason=c.stop_reason,

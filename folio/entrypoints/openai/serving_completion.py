@@ -70,12 +70,14 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _token_prompt(self, token_ids: list[int], echo: bool) -> EnginePrompt:
         self.check_token_ids(token_ids, "prompt")
-        return EnginePrompt(list(token_ids), self.decode(token_ids) if echo and token_ids else None)
+        return EnginePrompt(list(token_ids), self.decode(token_ids, "echo") if echo and token_ids else None)
 
     def _params(self, request: CompletionRequest, prompt: EnginePrompt):
         max_tokens = self.fit_max_tokens(
             len(prompt.token_ids), request.max_tokens, DEFAULT_MAX_TOKENS, prompt_param="prompt"
         )
+        if request.logprobs is not None:
+            self.require_tokenizer("logprobs", "log-probs (token texts)")
         echo_logprobs = request.logprobs if request.echo else None
         return self.sampling_params(request, max_tokens, logprobs=request.logprobs, prompt_logprobs=echo_logprobs)
 
@@ -132,7 +134,10 @@ class OpenAIServingCompletion(OpenAIServing):
         )
 
     def _delta_choice(self, call: _Call, i: int, output: RequestOutput, c: CompletionOutput) -> CompletionChoice | None:
-        """The event for one delta, or None when it has nothing to show (text held back)."""
+        """The event for one delta, or None when it has nothing new (a prefill chunk's step).
+
+        A new token is an event even when its text is held back (a possible stop string) or
+        there is none (a model served without a tokenizer): clients time tokens by events."""
         request = call.request
         index = i * request.n + c.index
         first = index not in call.offsets
@@ -146,7 +151,7 @@ class OpenAIServingCompletion(OpenAIServing):
         logprobs: CompletionLogprobs | None = None
         if request.logprobs is not None:
             logprobs, call.offsets[index] = completion_logprobs(self.tokenizer, ids, entries, offset)
-        if not text and c.finish_reason is None and not (logprobs and logprobs.tokens):
+        if not c.token_ids and not text and c.finish_reason is None and not (logprobs and logprobs.tokens):
             return None
         return CompletionChoice(
             index=index, text=text, logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason

@@ -102,10 +102,18 @@ class OpenAIServing:
             raise BadRequestError(str(e), param=e.param) from None
 
     # ---- prompts --------------------------------------------------------------------------
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def require_tokenizer(self, param: str, what: str) -> None:
+        """A model served without a tokenizer takes token ids only, and returns no text."""
+        if self.tokenizer is None:
+            raise BadRequestError(f"This model has no tokenizer, so {what} cannot be served; "
+                                  "send token ids, or restart the server with --tokenizer.", param=param)
+
+    def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        self.require_tokenizer(param, "text prompts")
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def decode(self, token_ids: list[int]) -> str:
+    def decode(self, token_ids: list[int], param: str = "prompt") -> str:
+        self.require_tokenizer(param, "text")
         return self.tokenizer.decode(token_ids)
 
     def render_chat(

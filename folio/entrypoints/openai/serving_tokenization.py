@@ -25,11 +25,12 @@ class OpenAIServingTokenization(OpenAIServing):
             )
         else:
             text = request.prompt
-        tokens = self.encode(text, add_special_tokens=request.add_special_tokens)
+        param = "messages" if isinstance(request, TokenizeChatRequest) else "prompt"
+        tokens = self.encode(text, add_special_tokens=request.add_special_tokens, param=param)
         token_strs = [decode_token(self.tokenizer, t) for t in tokens] if request.return_token_strs else None
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens, token_strs=token_strs)
 
     def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(request.model)
         self.check_token_ids(request.tokens, "tokens")
-        return DetokenizeResponse(prompt=self.decode(request.tokens))
+        return DetokenizeResponse(prompt=self.decode(request.tokens, "tokens"))

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One GPU session's checks and measurements, in parts that each fit a 10-minute device call.
+#   bash scripts/gpu_session.sh PART...   (PART: tests w1 llama serve prefix peers-qwen peers-llama)
+# Writes logs and JSON under $OUT (default ./gpu-out). Run from the repository root; no install.
+set -u
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+# Server packages the GPU image lacks travel as wheels in .whl/ (docs/benchmarks.md says which).
+if [ -d .whl ] && ! python3 -c "import fastapi, uvicorn" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  SITE=/tmp/site:
+fi
+export PYTHONPATH=${SITE:-}. HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+QWEN=folio/benchmarks/configs/qwen3-0.6b; LLAMA=folio/benchmarks/configs/llama-3.1-8b
+COMMON="--load-format dummy --dtype bfloat16 --max-model-len 4096"
+part() { echo "=== $1 $(date +%T)"; }
+for p in "$@"; do case $p in
+tests) part tests
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/sample/test_sampler_gpu.py \
+    tests/worker tests/prefix/test_block_ops.py tests/engine/test_async_scheduling.py 2>&1 | tail -25 | tee "$OUT/gpu-tests.txt" ;;
+w1) part w1
+  timeout 200 python3 scripts/w1_offline.py --timeline --modes async,sync --out "$OUT/w1-qwen" 2>&1 | grep -v "it/s" | tail -70 ;;
+llama) part llama
+  timeout 200 python3 scripts/w1_offline.py --timeline --modes async --config llama-3.1-8b --out "$OUT/w1-llama" 2>&1 | tail -40 ;;
+serve|serve-sync|serve-process) part $p
+  case $p in serve) EXTRA="";; serve-sync) EXTRA="--no-async-scheduling";; serve-process) EXTRA="--engine-process";; esac
+  PORT=18123
+  timeout 200 python3 -m folio serve --model $QWEN $COMMON --served-model-name qwen3-0.6b --port $PORT $EXTRA > "$OUT/$p.log" 2>&1 &
+  timeout 190 python3 -m folio bench serve --base-url http://127.0.0.1:$PORT --model qwen3-0.6b --workload w1 \
+    --ready-timeout 120 --no-progress --json "$OUT/$p-qwen3-0.6b-w1.json" 2>&1 | grep -E "wait|duration|Output token|TTFT|ITL|Failed"
+  python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/metrics').text)" | grep -E "^folio:engine_step"
+  pkill -f "folio serve" ; sleep 3; grep -E "ready in|ERROR|Traceback" "$OUT/$p.log" | head -5 ;;
+prefix) part prefix
+  timeout 150 python3 -m folio.benchmarks.prefix_caching --model $QWEN --load-format dummy --dtype bfloat16 \
+    --num-prompts 256 --json "$OUT/prefix.json" 2>&1 | tail -25 ;;
+peers-qwen) part peers-qwen
+  timeout 560 python3 -m folio bench throughput --model $QWEN $COMMON --workload w1 --peer transformers \
+    --peer-num-requests 128 --no-progress --json "$OUT/qwen3-0.6b-w1.json" 2> "$OUT/qwen3-0.6b-w1.log" | tail -40 ;;
+peers-llama) part peers-llama
+  timeout 560 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --peer transformers \
+    --peer-modes cb --peer-num-requests 64 --no-progress --json "$OUT/llama-3.1-8b-w1.json" 2> "$OUT/llama-3.1-8b-w1.log" | tail -40 ;;
+*) echo "unknown part $p"; exit 2 ;;
+esac; done
+echo "=== done $(date +%T)"
