@@ -23,7 +23,6 @@ with EngineDeadError and new ones are refused; /health then answers 503.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -82,6 +81,8 @@ class AsyncLLM:
             raise ValueError("Pass an engine (it runs on a thread) or a core, not both.")
         if max_waiting_requests is not None and max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be at least 1 (or None), got {max_waiting_requests}.")
+        if isinstance(core, EngineProcess):
+            core.wait_ready()
         self.core = core if core is not None else EngineThread(engine)
         self.engine = self.core.engine  # the LLMEngine when it runs on a thread here, else None
         self.max_waiting_requests = max_waiting_requests
@@ -98,7 +99,7 @@ class AsyncLLM:
     @classmethod
     def from_engine_args(cls, args: EngineArgs, *, engine_process: bool = False, **kwargs: Any) -> AsyncLLM:
         if engine_process:
-            return cls(core=EngineProcess(functools.partial(LLMEngine.from_engine_args, args)), **kwargs)
+            return cls(core=EngineProcess.from_engine_args(args), **kwargs)
         return cls(LLMEngine.from_engine_args(args), **kwargs)
 
     # ---- what handlers read -----------------------------------------------------------------

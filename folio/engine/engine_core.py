@@ -13,13 +13,14 @@ tuples without their prompt, which the frontend already has. docs/serving.md mea
 from __future__ import annotations
 
 import dataclasses
+import functools
 import multiprocessing
 import queue
 import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from folio.config import ModelConfig
 from folio.engine.engine_loop import (
@@ -31,11 +32,13 @@ from folio.engine.engine_loop import (
     Stepped,
     Stopped,
 )
-from folio.engine.llm_engine import EngineStats, LLMEngine
 from folio.logger import init_logger
 from folio.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from folio.sampling_params import SamplingParams
-from folio.transformers_utils.tokenizer import get_tokenizer
+
+if TYPE_CHECKING:  # light at import: the engine process starts before the server imports torch
+    from folio.engine.arg_utils import EngineArgs
+    from folio.engine.llm_engine import EngineStats, LLMEngine
 
 logger = init_logger(__name__)
 
@@ -92,8 +95,20 @@ class Ready:
     stats: EngineStats
 
 
+def build_engine(args: EngineArgs) -> LLMEngine:
+    """The child's engine (a module-level function: spawn pickles it by name)."""
+    from folio.engine.llm_engine import LLMEngine
+
+    return LLMEngine.from_engine_args(args)
+
+
 class EngineProcess:
-    """The engine in a child process (spawned: no state inherited from a threaded parent)."""
+    """The engine in a spawned child process (torch refuses CUDA in a child forked after the
+    parent looked for a GPU, so no fork).
+
+    The child starts at construction and is waited for by wait_ready(): `folio serve` starts it
+    before importing the server, so both processes import torch and transformers at once.
+    """
 
     def __init__(self, make_engine: Callable[[], LLMEngine]) -> None:
         context = multiprocessing.get_context("spawn")
@@ -101,17 +116,37 @@ class EngineProcess:
         self.process = context.Process(target=run_engine_process, args=(make_engine, child_conn),
                                        name="folio-engine", daemon=True)
         self.process.start()
+        logger.info("Started the engine process (pid %d).", self.process.pid)
         child_conn.close()
-        ready = self._receive_ready()
         self.engine = None  # it lives in the other process
-        self.model_config = ready.model_config
-        self.tokenizer = get_tokenizer(ready.model_config.tokenizer) if ready.has_tokenizer else None
-        self.default_params = ready.default_params
-        self.initial_stats = ready.stats
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         # request id -> (prompt text, prompt token ids): outputs come back without them.
         self._prompts: dict[str, tuple[str | None, list[int]]] = {}
         self._threads: list[threading.Thread] = []
+        self._ready: Ready | None = None
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> EngineProcess:
+        return cls(functools.partial(build_engine, args))
+
+    def close(self) -> None:
+        """Stop a child that will not be used (the server failed to start around it)."""
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join()
+
+    def wait_ready(self) -> EngineProcess:
+        """Block until the child's engine is built (ValueError if it failed to start)."""
+        if self._ready is None:
+            from folio.transformers_utils.tokenizer import get_tokenizer
+
+            ready = self._receive_ready()
+            self.model_config: ModelConfig = ready.model_config
+            self.tokenizer = get_tokenizer(ready.model_config.tokenizer) if ready.has_tokenizer else None
+            self.default_params: SamplingParams = ready.default_params
+            self.initial_stats: EngineStats = ready.stats
+            self._ready = ready
+        return self
 
     def _receive_ready(self) -> Ready:
         try:

@@ -17,13 +17,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from folio.engine.input_processor import PromptType
-from folio.engine.llm_engine import EngineStats
 from folio.logger import init_logger
 from folio.outputs import RequestOutput
 from folio.sampling_params import SamplingParams, SamplingParamsError
+
+if TYPE_CHECKING:  # light at import: `folio serve` starts the engine process before torch loads
+    from folio.engine.input_processor import PromptType
+    from folio.engine.llm_engine import EngineStats
 
 logger = init_logger(__name__)
 

@@ -146,6 +146,7 @@ def test_folio_serve_demo_model_finishes_in_flight_on_sigterm_and_exits_0():
         assert rest[-1] == "data: [DONE]"
         assert json.loads(rest[-2][len("data: "):])["choices"][0]["finish_reason"] == "length"
         assert server.proc.wait(HANG_LIMIT_S) == 0, "".join(server.lines)
+        assert any("Started the engine process" in line for line in server.lines), "".join(server.lines)
     finally:
         server.stop()
 

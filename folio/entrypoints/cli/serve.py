@@ -15,10 +15,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from folio.entrypoints.openai.api_server import run_server
-
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise ValueError(f"Two models given: {args.model_tag!r} and --model {args.model!r}.")
         args.model = args.model_tag
-    return run_server(args)
+    core = start_engine_process(args)  # before the server's imports: the two load side by side
+    from folio.entrypoints.openai.api_server import run_server
+
+    return run_server(args, core=core)
+
+
+def start_engine_process(args: argparse.Namespace):
+    """The engine's process, started now, when the engine is to run in one (else None).
+
+    --engine-process unset means a process on a GPU (a GPU engine steps fast enough for the
+    event loop's HTTP work to starve it of a shared GIL; docs/serving.md) and a thread on the CPU.
+    """
+    from folio.config.device import resolve_device
+    from folio.engine.arg_utils import EngineArgs
+    from folio.engine.engine_core import EngineProcess
+
+    engine_process = args.engine_process
+    if engine_process is None:
+        engine_process = resolve_device(args.device) == "cuda"
+    if not engine_process:
+        return None
+    return EngineProcess.from_engine_args(EngineArgs.from_cli_args(args))

@@ -20,8 +20,10 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from folio.config.device import resolve_device
 from folio.engine.arg_utils import EngineArgs
 from folio.engine.async_llm import AsyncLLM
+from folio.engine.engine_core import EngineProcess
 from folio.entrypoints.openai.auth import APIKeyMiddleware
 from folio.entrypoints.openai.cli_args import ServerConfig, make_arg_parser
 from folio.entrypoints.openai.errors import install_error_handlers
@@ -107,12 +109,28 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_server(args: argparse.Namespace) -> int:
+def run_server(args: argparse.Namespace, core: EngineProcess | None = None) -> int:
+    """Serve until SIGTERM/SIGINT. `core`: an engine process already started (folio serve starts
+    it before importing this module); without one, --engine-process decides (unset: a process on
+    a GPU, a thread on the CPU)."""
     config = ServerConfig.from_cli_args(args)
     engine_args = EngineArgs.from_cli_args(args)
-    sock = bind_socket(config.host, config.port)
-    engine = AsyncLLM.from_engine_args(engine_args, engine_process=config.engine_process,
-                                       max_waiting_requests=config.max_waiting_requests)
+    try:
+        sock = bind_socket(config.host, config.port)
+    except ValueError:
+        if core is not None:
+            core.close()
+        raise
+    if core is None:
+        engine_process = config.engine_process
+        if engine_process is None:  # a GPU engine steps fast enough for HTTP to starve it of the GIL
+            engine_process = resolve_device(engine_args.device) == "cuda"
+        if engine_process:
+            core = EngineProcess.from_engine_args(engine_args)
+    if core is not None:
+        engine = AsyncLLM(core=core, max_waiting_requests=config.max_waiting_requests)
+    else:
+        engine = AsyncLLM.from_engine_args(engine_args, max_waiting_requests=config.max_waiting_requests)
     app = build_app(engine, config)
     server = uvicorn.Server(uvicorn.Config(
         app,

@@ -23,7 +23,7 @@ class ServerConfig:
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     log_level: str = "info"
     access_log: bool = True
-    engine_process: bool = False
+    engine_process: bool | None = None  # None: a process when the engine runs on CUDA
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -67,6 +67,7 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no line per HTTP request")
     g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=d.engine_process,
                    help="run the engine in a process of its own (its own GIL; a crash there leaves "
-                        "the server answering 503) instead of on a thread of the server process")
+                        "the server answering 503) instead of on a thread of the server process "
+                        "(default: a process on a GPU, a thread on the CPU; docs/serving.md)")
     EngineArgs.add_cli_args(parser)
     return parser
