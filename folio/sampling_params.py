@@ -226,6 +226,11 @@ class BeamSearchParams:
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
 
+    @property
+    def n(self) -> int:
+        """Sequences the search keeps (what the server counts against its waiting limit)."""
+        return self.beam_width
+
     def __post_init__(self) -> None:
         _check_int("beam_width", self.beam_width, minimum=1)
         _check_int("max_tokens", self.max_tokens, minimum=1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's checks and measurements, in parts that each fit a 10-minute device call.
 #   bash scripts/gpu_session.sh PART...   (PART: tests w1 llama serve serve-sync serve-process prefix
-#   peers-qwen peers-qwen-cb peers-llama)
+#   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama)
 # Writes logs and JSON under $OUT (default ./gpu-out). Run from the repository root; no install.
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -39,6 +39,9 @@ peers-qwen) part peers-qwen
 peers-qwen-cb) part peers-qwen-cb  # transformers CB on the whole of W1 (DESIGN.md's 580 tok/s figure)
   timeout 580 python3 -m folio bench throughput --model $QWEN $COMMON --workload w1 --peer transformers \
     --peer-modes cb --no-progress --json "$OUT/qwen3-0.6b-w1-cb.json" 2> "$OUT/qwen3-0.6b-w1-cb.log" | tail -40 ;;
+peers-qwen-generate) part peers-qwen-generate  # static generate on the whole of W1 (DESIGN.md: 527 tok/s)
+  timeout 580 python3 -m folio bench throughput --model $QWEN $COMMON --workload w1 --peer transformers \
+    --peer-modes generate --no-progress --json "$OUT/qwen3-0.6b-w1-generate.json" 2> "$OUT/qwen3-0.6b-w1-generate.log" | tail -40 ;;
 peers-llama) part peers-llama
   timeout 560 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --peer transformers \
     --peer-modes cb --peer-num-requests 64 --no-progress --json "$OUT/llama-3.1-8b-w1.json" 2> "$OUT/llama-3.1-8b-w1.log" | tail -40 ;;

@@ -228,9 +228,9 @@ class BeamSearch:
             num_cached_tokens=self.num_cached_tokens,
         )
 
-    def _text(self, tokenizer: Any, beam: _Beam, reason: str) -> str | None:
+    def _text(self, tokenizer: Any, beam: _Beam, reason: str) -> str:
         if tokenizer is None:
-            return None
+            return ""  # as for sampled requests without a tokenizer
         tokens = beam.token_ids
         if reason == "stop" and not self.params.include_stop_str_in_output:
             tokens = tokens[:-1]  # the EOS token

@@ -146,3 +146,34 @@ def test_openapi_schema_documents_400_not_422(server):
     assert {"400", "404", "503"} <= set(post["responses"])
     assert "text/event-stream" in post["responses"]["200"]["content"]
     assert "HTTPValidationError" not in schema["components"]["schemas"]
+
+
+def test_use_beam_search_equals_offline_beam_search(client, model_name, checkpoint):
+    from folio import BeamSearchParams
+
+    llm = LLM(model=checkpoint, dtype="float32", device="cpu", max_model_len=256, seed=0)
+    tokenizer = llm.get_tokenizer()
+    (offline,) = llm.beam_search([PROMPTS[0]], BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True))
+    prompt_len = len(tokenizer.encode(PROMPTS[0]))
+    want = [tokenizer.decode(seq.tokens[prompt_len:]) for seq in offline.sequences]
+    r = client.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=6, n=3,
+                                  extra_body={"use_beam_search": True, "ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2] and [c.text for c in r.choices] == want
+    assert r.usage.completion_tokens == 18
+    chat = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=4, n=2, extra_body={"use_beam_search": True})
+    assert len(chat.choices) == 2
+    for extra, param in (({"stop": ["x"]}, "stop"), ({"seed": 3}, "seed"), ({"top_k": 5}, "top_k")):
+        r = httpx.post(f"{client.base_url}completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                       json={"prompt": "Hi", "n": 2, "use_beam_search": True, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    r = httpx.post(f"{client.base_url}completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"prompt": "Hi", "n": 2, "use_beam_search": True, "logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+    stream = client.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=6, n=3, stream=True,
+                                       extra_body={"use_beam_search": True, "ignore_eos": True})
+    texts = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert [texts[i] for i in range(3)] == want

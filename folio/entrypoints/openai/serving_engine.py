@@ -16,7 +16,7 @@ from typing import Any
 from folio.engine.async_llm import AsyncLLM, RequestStream
 from folio.entrypoints.openai.errors import BadRequestError, from_engine_error, model_not_found
 from folio.entrypoints.openai.protocol import ChatMessage, SamplingRequest
-from folio.sampling_params import SamplingParams, SamplingParamsError
+from folio.sampling_params import BeamSearchParams, SamplingParams, SamplingParamsError
 from folio.transformers_utils.chat_template import ChatTemplateError, render_chat
 
 # render_chat's own arguments: chat_template_kwargs may not override them.
@@ -95,8 +95,18 @@ class OpenAIServing:
         if request.stream_options is not None and not request.stream:
             raise BadRequestError("stream_options is only allowed when stream is true.", param="stream_options")
 
-    def sampling_params(self, request: SamplingRequest, max_tokens: int, **kwargs: Any) -> SamplingParams:
+    def sampling_params(
+        self, request: SamplingRequest, max_tokens: int, **kwargs: Any
+    ) -> SamplingParams | BeamSearchParams:
+        """The request's SamplingParams, or BeamSearchParams with use_beam_search (log-probs are
+        not reported for beams: a 400 naming the field that asked for them)."""
         try:
+            if request.use_beam_search:
+                if kwargs.get("logprobs") is not None:
+                    raise SamplingParamsError("logprobs", "logprobs cannot be used with use_beam_search.")
+                if kwargs.get("prompt_logprobs") is not None:
+                    raise SamplingParamsError("echo", "echo with logprobs cannot be used with use_beam_search.")
+                return request.to_beam_search_params(max_tokens)
             return request.to_sampling_params(max_tokens, self.default_params, **kwargs)
         except SamplingParamsError as e:
             raise BadRequestError(str(e), param=e.param) from None

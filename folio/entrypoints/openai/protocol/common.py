@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from folio.sampling_params import RequestOutputKind, SamplingParams
+from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, SamplingParamsError
 
 # OpenAI's own cap on choices per request; it also bounds the work one request can ask for.
 MAX_N = 128
@@ -98,6 +98,11 @@ class VersionResponse(BaseModel):
 # ---- the sampling part of a request -----------------------------------------------------------
 
 
+# Fields beam search does not take (each a 400 naming it when set).
+_NOT_WITH_BEAMS = ("stop", "stop_token_ids", "seed", "top_p", "top_k", "min_p", "presence_penalty",
+                   "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens")
+
+
 class SamplingRequest(OpenAIBaseModel):
     """Fields that completions and chat share: OpenAI's, then vLLM's extras."""
 
@@ -125,6 +130,22 @@ class SamplingRequest(OpenAIBaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     priority: int = 0
+    use_beam_search: bool = False  # n beams, deterministic (vLLM's extra)
+    length_penalty: float = 1.0  # beam search: scores are log-prob / length ** length_penalty
+
+    def to_beam_search_params(self, max_tokens: int) -> BeamSearchParams:
+        """BeamSearchParams for `use_beam_search`: n beams; one output when the search ends."""
+        for name in _NOT_WITH_BEAMS:
+            if getattr(self, name) not in (None, [], 0):
+                raise SamplingParamsError(name, f"{name} cannot be used with use_beam_search.")
+        return BeamSearchParams(
+            beam_width=self.n,
+            max_tokens=max_tokens,
+            ignore_eos=self.ignore_eos,
+            temperature=self.temperature or 0.0,
+            length_penalty=self.length_penalty,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
 
     def to_sampling_params(
         self,
