@@ -44,7 +44,7 @@ peers-qwen-generate) part peers-qwen-generate  # static generate on the whole of
     --peer-modes generate --no-progress --json "$OUT/qwen3-0.6b-w1-generate.json" 2> "$OUT/qwen3-0.6b-w1-generate.log" | tail -40 ;;
 peers-llama) part peers-llama
   timeout 560 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --peer transformers \
-    --peer-modes cb --peer-num-requests 64 --no-progress --json "$OUT/llama-3.1-8b-w1.json" 2> "$OUT/llama-3.1-8b-w1.log" | tail -40 ;;
+    --peer-num-requests 128 --no-progress --json "$OUT/llama-3.1-8b-w1.json" 2> "$OUT/llama-3.1-8b-w1.log" | tail -40 ;;
 *) echo "unknown part $p"; exit 2 ;;
 esac; done
 echo "=== done $(date +%T)"
