@@ -50,6 +50,14 @@ class EngineMetrics:
         self.preemptions = self._series(Counter, "folio:num_preemptions", "Sequences preempted for lack of KV blocks.")
         self.prompt_tokens = self._series(Counter, "folio:prompt_tokens", "Prompt tokens of requests that produced output.")
         self.generation_tokens = self._series(Counter, "folio:generation_tokens", "Generated tokens.")
+        self.prefix_queries = self._series(Counter, "folio:prefix_cache_queries",
+                                           "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = self._series(Counter, "folio:prefix_cache_hits",
+                                        "Prompt tokens found in the prefix cache (not computed).")
+        self.swapped_out = self._series(Counter, "folio:kv_blocks_swapped_out", "KV blocks swapped out to CPU.")
+        self.swapped_in = self._series(Counter, "folio:kv_blocks_swapped_in", "KV blocks swapped back in.")
+        self.cpu_kv_usage = self._series(Gauge, "folio:cpu_kv_cache_usage_perc",
+                                         "Fraction of CPU swap blocks in use, 0 to 1.")
         self.steps = self._series(Counter, "folio:engine_steps", "Engine steps taken.")
         self.step_seconds = self._series(Counter, "folio:engine_step_seconds", "Seconds spent inside engine steps.")
         self.ttft = self._series(Histogram, "folio:time_to_first_token_seconds",
@@ -64,7 +72,15 @@ class EngineMetrics:
             reason: success.labels(**self._labels, finished_reason=reason) for reason in ("stop", "length", "abort")
         }
         self._tallies: dict[str, _Tally] = {}
-        self._preemptions_seen = 0
+        # Counters mirrored from the engine's cumulative stats: (series, EngineStats field, last value).
+        self._mirrored = {
+            "num_preemptions": self.preemptions,
+            "prefix_cache_queries": self.prefix_queries,
+            "prefix_cache_hits": self.prefix_hits,
+            "num_swapped_out_blocks": self.swapped_out,
+            "num_swapped_in_blocks": self.swapped_in,
+        }
+        self._seen: dict[str, int] = dict.fromkeys(self._mirrored, 0)
         self.num_steps = 0  # plain copies of the step series, for in-process measurements
         self.busy_seconds = 0.0
 
@@ -77,9 +93,13 @@ class EngineMetrics:
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
-        if stats.num_preemptions > self._preemptions_seen:
-            self.preemptions.inc(stats.num_preemptions - self._preemptions_seen)
-            self._preemptions_seen = stats.num_preemptions
+        if stats.num_cpu_blocks:
+            self.cpu_kv_usage.set(1.0 - stats.num_free_cpu_blocks / stats.num_cpu_blocks)
+        for field, series in self._mirrored.items():
+            value = getattr(stats, field)
+            if value > self._seen[field]:
+                series.inc(value - self._seen[field])
+                self._seen[field] = value
 
     def record_step(self, outputs: list[RequestOutput], seconds: float) -> None:
         self.steps.inc()

@@ -11,6 +11,7 @@ from openai import AsyncOpenAI
 from folio import LLM, SamplingParams
 from folio.version import __version__
 from tests.server.conftest import API_KEY
+from tests.server.harness import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -177,3 +178,18 @@ def test_use_beam_search_equals_offline_beam_search(client, model_name, checkpoi
         for c in chunk.choices:
             texts[c.index] = texts.get(c.index, "") + c.text
     assert [texts[i] for i in range(3)] == want
+
+
+def test_metrics_count_prefix_cache_hits(client, model_name, server):
+    before = {n: _metric(server, n) for n in ("folio:prefix_cache_queries_total", "folio:prefix_cache_hits_total")}
+    prompt = [(7 * i) % 200 + 5 for i in range(40)]  # 40 tokens: two full blocks of 16 are cacheable
+    for _ in range(2):
+        r = client.completions.create(model=model_name, prompt=prompt, max_tokens=2, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens == 32
+
+    def grew() -> bool:
+        return _metric(server, "folio:prefix_cache_hits_total") - before["folio:prefix_cache_hits_total"] >= 32
+
+    wait_for(grew, "the prefix cache hits to reach /metrics")
+    assert _metric(server, "folio:prefix_cache_queries_total") - before["folio:prefix_cache_queries_total"] >= 80
+    assert "folio:kv_blocks_swapped_out_total" in httpx.get(f"{server.url}/metrics").text
