@@ -24,7 +24,7 @@ from folio.core.admission import blocks_needed, plan_admission
 from folio.core.block_hash import request_block_hashes
 from folio.core.request import RequestStatus
 from folio.core.request_queue import priority_key
-from folio.core.scheduler import reaches_length_cap
+from folio.core.stop_conditions import reaches_length_cap
 from folio.core.schedule_step import ScheduleStep
 from tests.core.fakes import EOS, FakeModel, _contents, make_request, make_scheduler
 
