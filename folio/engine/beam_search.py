@@ -126,6 +126,7 @@ class BeamSearch:
             output_token_ids=list(output_ids), arrival_time=self.arrival_time, priority=self.priority,
         )
         request.pause_after_sample, request.family_id = True, self.request_id
+        request.cache_salt = self.prompt.cache_salt
         self._next_id += 1
         return request
 

@@ -22,6 +22,9 @@ PromptType = str | Mapping[str, Any]
 class ProcessedPrompt:
     text: str | None  # None for token prompts
     token_ids: list[int]
+    # vLLM's `cache_salt` prompt key: mixed into the first block's hash, so requests with
+    # different salts never share cached K/V (tenants that must not see each other's prompts).
+    cache_salt: str | None = None
 
 
 class InputProcessor:
@@ -42,12 +45,15 @@ class InputProcessor:
         if isinstance(prompt, str):
             return ProcessedPrompt(prompt, self._encode(prompt))
         if isinstance(prompt, Mapping):
+            salt = prompt.get("cache_salt")
+            if salt is not None and (not isinstance(salt, str) or not salt):
+                raise SamplingParamsError("cache_salt", f"cache_salt must be a non-empty string, got {salt!r}.")
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
                 self._check_token_ids(ids)
-                return ProcessedPrompt(prompt.get("prompt"), list(ids))
+                return ProcessedPrompt(prompt.get("prompt"), list(ids), salt)
             if isinstance(prompt.get("prompt"), str):
-                return ProcessedPrompt(prompt["prompt"], self._encode(prompt["prompt"]))
+                return ProcessedPrompt(prompt["prompt"], self._encode(prompt["prompt"]), salt)
         raise ValueError(
             "A prompt must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
             f"got {type(prompt).__name__}."
@@ -119,7 +125,9 @@ class InputProcessor:
     def _request(self, request_id, prompt, params, arrival, priority) -> Request:
         params.update_from_model(self.eos_token_ids)
         self.check_length(len(prompt.token_ids))
-        return Request(request_id, list(prompt.token_ids), params, arrival_time=arrival, priority=priority)
+        request = Request(request_id, list(prompt.token_ids), params, arrival_time=arrival, priority=priority)
+        request.cache_salt = prompt.cache_salt
+        return request
 
     def check_length(self, num_prompt_tokens: int) -> None:
         if num_prompt_tokens == 0:

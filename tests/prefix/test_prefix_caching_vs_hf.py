@@ -97,3 +97,21 @@ def test_preempted_requests_resume_through_the_cache(case):
     stats = llm.llm_engine.stats()
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
     assert stats.num_free_blocks == stats.num_blocks
+
+
+def test_a_cache_salt_shares_blocks_only_with_the_same_salt(case):
+    """vLLM's `cache_salt` prompt key: the same prompt under another salt (or none) computes
+    everything; under the same salt it hits; the tokens never change."""
+    path, prompts, _, refs = case
+    llm = make_llm(path)
+    system = prompts[0]
+
+    def run(salt: str | None):
+        prompt = {"prompt_token_ids": system} | ({"cache_salt": salt} if salt else {})
+        return llm.generate([prompt], greedy(MAX_NEW), use_tqdm=False)[0]
+
+    outs = [run(None), run("tenant-a"), run("tenant-b"), run("tenant-a"), run(None)]
+    assert [o.num_cached_tokens for o in outs] == [0, 0, 0, 2 * BS, 2 * BS]
+    assert all(o.outputs[0].token_ids == refs[0] for o in outs)
+    with pytest.raises(ValueError, match="cache_salt"):
+        llm.generate([{"prompt_token_ids": system, "cache_salt": ""}], greedy(2), use_tqdm=False)

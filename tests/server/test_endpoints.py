@@ -193,3 +193,16 @@ def test_metrics_count_prefix_cache_hits(client, model_name, server):
     wait_for(grew, "the prefix cache hits to reach /metrics")
     assert _metric(server, "folio:prefix_cache_queries_total") - before["folio:prefix_cache_queries_total"] >= 80
     assert "folio:kv_blocks_swapped_out_total" in httpx.get(f"{server.url}/metrics").text
+
+
+def test_cache_salt_keeps_cached_prompts_apart(client, model_name):
+    prompt = [(11 * i) % 200 + 5 for i in range(40)]
+
+    def cached(salt: str) -> int:
+        r = client.completions.create(model=model_name, prompt=prompt, max_tokens=1, extra_body={"cache_salt": salt})
+        return r.usage.prompt_tokens_details.cached_tokens
+
+    assert [cached("salt-one"), cached("salt-one"), cached("salt-two")] == [0, 32, 0]
+    r = httpx.post(f"{client.base_url}completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"prompt": "Hi", "cache_salt": ""})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"

@@ -44,7 +44,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt = EnginePrompt(self.encode(text, add_special_tokens=False, param="messages"), text)
         params = self._params(request, prompt)
         request_id = random_id("chatcmpl")
-        streams = await self.add_requests(request_id, [prompt], [params], request.priority)
+        streams = await self.add_requests(request_id, [prompt], [params], request.priority, request.cache_salt)
         call = _Call(request, request_id, int(time.time()), self.model_name)
         if request.stream:
             return EventStreamResponse(self._events(call, streams[0]), streams)

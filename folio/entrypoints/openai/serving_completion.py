@@ -41,7 +41,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = self._prompts(request)
         params = [self._params(request, p) for p in prompts]
         request_id = random_id("cmpl")
-        streams = await self.add_requests(request_id, prompts, params, request.priority)
+        streams = await self.add_requests(request_id, prompts, params, request.priority, request.cache_salt)
         call = _Call(request, request_id, int(time.time()), self.model_name, prompts)
         if request.stream:
             return EventStreamResponse(self._events(call, streams), streams)

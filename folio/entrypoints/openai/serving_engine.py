@@ -160,6 +160,7 @@ class OpenAIServing:
         prompts: list[EnginePrompt],
         params: list[SamplingParams],
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> list[RequestStream]:
         """Add one engine request per prompt (ids `{request_id}-{i}` when several): all or none.
 
@@ -171,6 +172,8 @@ class OpenAIServing:
             engine_prompt = {"prompt_token_ids": prompt.token_ids}
             if prompt.text is not None:
                 engine_prompt["prompt"] = prompt.text
+            if cache_salt is not None:
+                engine_prompt["cache_salt"] = cache_salt
             adds.append(asyncio.ensure_future(self.engine.add_request(engine_id, engine_prompt, p, priority)))
         try:
             results = await asyncio.gather(*adds, return_exceptions=True)

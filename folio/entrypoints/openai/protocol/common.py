@@ -132,6 +132,8 @@ class SamplingRequest(OpenAIBaseModel):
     priority: int = 0
     use_beam_search: bool = False  # n beams, deterministic (vLLM's extra)
     length_penalty: float = 1.0  # beam search: scores are log-prob / length ** length_penalty
+    # Prefix caching: requests share cached K/V only with requests of the same salt (or none).
+    cache_salt: str | None = Field(default=None, min_length=1)
 
     def to_beam_search_params(self, max_tokens: int) -> BeamSearchParams:
         """BeamSearchParams for `use_beam_search`: n beams; one output when the search ends."""
