@@ -202,11 +202,12 @@ class Scheduler:
         self.running = []
         while pending and step.budget > 0:
             request = pending.popleft()
-            if request.paused or self._num_new_tokens(request, step.budget) == 0:
+            num_new = 0 if request.paused else self._num_new_tokens(request, step.budget)
+            if num_new == 0:
                 # Paused for its beam search, or its sampled token has not come back yet.
                 self.running.append(request)
                 continue
-            num_new = self._allocate_or_preempt(request, step, pending)
+            num_new = self._allocate_or_preempt(request, num_new, step, pending)
             if num_new > 0:
                 self.running.append(request)
                 block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
@@ -214,20 +215,19 @@ class Scheduler:
             # else: the request was its own victim and is back in the waiting queue.
         self.running.extend(pending)
 
-    def _allocate_or_preempt(self, request: Request, step: ScheduleStep, pending: deque[Request]) -> int:
-        """Allocate blocks for the request's next tokens, preempting victims until they fit.
-
-        Returns how many tokens it gets, 0 when it had to be preempted itself. The count is
-        taken again after each preemption: a victim scheduled earlier gives its budget back.
-        """
-        while True:
-            num_new = self._num_new_tokens(request, step.budget)
-            if self.kv_cache_manager.allocate_slots(request, num_new):
-                return num_new
+    def _allocate_or_preempt(
+        self, request: Request, num_new: int, step: ScheduleStep, pending: deque[Request]
+    ) -> int:
+        """Blocks for the request's next num_new tokens, preempting victims until they fit; returns
+        its token count (retaken after each preemption: a victim gives its budget back), 0 when
+        it was its own victim."""
+        while not self.kv_cache_manager.allocate_slots(request, num_new):
             victim = pop_victim(self.config.policy, self.running, request, pending)
             self._preempt(victim, step)
             if victim is request:
                 return 0
+            num_new = self._num_new_tokens(request, step.budget)
+        return num_new
 
     def _schedule_waiting(self, step: ScheduleStep) -> None:
         """Admit waiting requests in queue order while budget, max_num_seqs and blocks allow.

@@ -21,8 +21,9 @@ def test_waste_counts_only_partial_last_blocks_and_shared_ones_once():
     assert meter.prealloc_max_tokens_waste_fraction == 1 - 18 / (3 * (5 + 3))
 
 
-def test_the_scheduler_samples_every_step():
+def test_the_scheduler_samples_every_step_when_asked():
     sched = make_scheduler(block_size=4, max_model_len=64)
+    sched.waste.every = 1
     sched.add_request(make_request("a", 6, max_tokens=2))
     model, result = FakeModel(4), RunResult({}, {}, {}, 0)
     step(sched, model, result)  # 6 tokens in 2 blocks
@@ -30,3 +31,12 @@ def test_the_scheduler_samples_every_step():
     w = sched.waste
     assert (w.paged_slots, w.paged_empty_slots, w.tokens) == (16, 2 + 1, 13)
     assert w.reserved_max_model_len == 128 and w.reserved_max_tokens == 16
+
+
+def test_the_meter_takes_one_step_in_every():
+    meter = KVWasteMeter(block_size=4, max_model_len=32, every=3)
+    a = make_request("a", 5, max_tokens=3)
+    a.num_computed_tokens = 5
+    for _ in range(7):  # steps 1, 4 and 7 are taken
+        meter.sample([a], {"a": [0, 1]}, num_used_blocks=2)
+    assert meter.offered == 7 and meter.tokens == 3 * 5 and meter.paged_slots == 3 * 8
