@@ -183,6 +183,9 @@ class KVCacheManager:
         num_computed_tokens to prefix.num_tokens. All or nothing: returns False, changing
         nothing, when the pool has fewer free blocks than blocks_needed.
         """
+        if prefix is None and self._fits_in_own_blocks(request, num_new_tokens):
+            self._cache_full_blocks(request, request.num_computed_tokens + num_new_tokens)
+            return True  # the common decode step: nothing to allocate or copy
         if not self.block_pool.can_allocate(self.blocks_needed(request, num_new_tokens, prefix)):
             return False
         if prefix is not None and prefix.block_ids:
@@ -217,6 +220,14 @@ class KVCacheManager:
         self.providers.update(self._cached_this_step[b] for b in kept if b in self._cached_this_step)
         self._num_cached_blocks[request.request_id] = start // self.block_size
         self._cache_full_blocks(request, start + num_new)
+
+    def _fits_in_own_blocks(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether the new tokens land in blocks the table already holds, none of them shared."""
+        table = self._tables.get(request.request_id)
+        start = request.num_computed_tokens
+        return bool(table) and start + num_new_tokens <= len(table) * self.block_size and not self._is_shared(
+            table, start
+        )
 
     def _is_shared(self, table: list[int], position: int) -> bool:
         index = position // self.block_size
