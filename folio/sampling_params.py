@@ -193,6 +193,9 @@ def _normalize_logit_bias(bias: Any) -> dict[int, float]:
     return out
 
 
+MAX_LENGTH_PENALTY = 10.0
+
+
 def _check_number(name: str, value: Any) -> None:
     # NaN and infinities are refused: on the device they turn whole rows of logits into NaN.
     bad_type = isinstance(value, bool) or not isinstance(value, (int, float))
@@ -239,4 +242,6 @@ class BeamSearchParams:
             raise SamplingParamsError(
                 "temperature", f"temperature must be non-negative, got {self.temperature}."
             )
-        _check_number("length_penalty", self.length_penalty)
+        # Scores are log-prob / length ** length_penalty: beyond ±10 the power overflows (or
+        # reaches 0) for long beams, and no ranking needs more.
+        _check_range("length_penalty", self.length_penalty, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)

@@ -237,6 +237,7 @@ class EngineProcess:
 def run_engine_process(make_engine: Callable[[], LLMEngine], conn: Any) -> None:
     """The child's main: build the engine, say Ready, run the loop until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
+    _die_with_parent()
     try:
         engine = make_engine()
     except BaseException as e:  # noqa: BLE001 - the parent reports it
@@ -246,6 +247,22 @@ def run_engine_process(make_engine: Callable[[], LLMEngine], conn: Any) -> None:
     conn.send(Ready(engine.config.model, engine.get_tokenizer() is not None,
                     engine.default_sampling_params(), engine.stats()))
     EngineLoop(engine, _pipe_take(conn), _pipe_emit(conn)).run()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when the server process dies, however it dies (a killed
+    parent runs no cleanup, and an orphaned engine would keep its GPU memory)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the pipe's EOF stops the loop instead
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and not parent.is_alive():  # it died before prctl took effect
+        raise SystemExit(0)
 
 
 def _pipe_take(conn: Any) -> Callable[[bool], list[Any]]:

@@ -164,7 +164,12 @@ def test_use_beam_search_equals_offline_beam_search(client, model_name, checkpoi
     chat = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}],
                                           max_tokens=4, n=2, extra_body={"use_beam_search": True})
     assert len(chat.choices) == 2
-    for extra, param in (({"stop": ["x"]}, "stop"), ({"seed": 3}, "seed"), ({"top_k": 5}, "top_k")):
+    neutral = {"top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "stop": [], "logit_bias": {}, "seed": 3}
+    r = client.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=6, n=3,
+                                  extra_body={"use_beam_search": True, "ignore_eos": True, **neutral})
+    assert [c.text for c in r.choices] == want
+    for extra, param in (({"stop": ["x"]}, "stop"), ({"top_k": 5}, "top_k"), ({"length_penalty": 1000.0}, "length_penalty"),
+                         ({"length_penalty": -1e9}, "length_penalty")):
         r = httpx.post(f"{client.base_url}completions", headers={"Authorization": f"Bearer {API_KEY}"},
                        json={"prompt": "Hi", "n": 2, "use_beam_search": True, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param

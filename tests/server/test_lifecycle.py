@@ -179,3 +179,45 @@ def test_api_server_refuses_a_taken_port(capsys):
         taken.listen()
         assert main(["--port", str(taken.getsockname()[1]), "--device", "cpu"]) == 2
     assert "Cannot listen" in capsys.readouterr().err
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                kids.append(int(entry))
+    return kids
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_the_server_while_it_starts_stops_the_engine_process(how):
+    env = {**os.environ, "PYTHONPATH": REPO, "FOLIO_API_KEY": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "folio", "serve", "--device", "cpu", "--engine-process",
+                             "--port", "0"], stderr=subprocess.DEVNULL, env=env, cwd=REPO)
+    try:
+        wait_for(lambda: _children(proc.pid), "the engine process to start")
+        kids = _children(proc.pid)
+        proc.send_signal(how)
+        proc.wait(HANG_LIMIT_S)
+        # At once: without a SIGTERM handler and PDEATHSIG it would run on until its engine was
+        # built and its first message found the pipe closed.
+        wait_for(lambda: not any(_running(k) for k in kids), "the engine process to stop with the server", 2.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

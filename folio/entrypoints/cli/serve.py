@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,10 +20,27 @@ def run(args: argparse.Namespace) -> int:
         if args.model is not None and args.model != args.model_tag:
             raise ValueError(f"Two models given: {args.model_tag!r} and --model {args.model!r}.")
         args.model = args.model_tag
-    core = start_engine_process(args)  # before the server's imports: the two load side by side
-    from folio.entrypoints.openai.api_server import run_server
+    # Until the server takes over the signals, SIGTERM must still stop the engine's process
+    # (the default action would kill this one alone and orphan the child).
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    core = None
+    try:
+        core = start_engine_process(args)  # before the server's imports: the two load side by side
+        from folio.entrypoints.openai.api_server import run_server
 
+        if core is not None:
+            core.wait_ready()
+    except BaseException:
+        if core is not None:
+            core.close()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return run_server(args, core=core)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def start_engine_process(args: argparse.Namespace):

@@ -98,9 +98,20 @@ class VersionResponse(BaseModel):
 # ---- the sampling part of a request -----------------------------------------------------------
 
 
-# Fields beam search does not take (each a 400 naming it when set).
-_NOT_WITH_BEAMS = ("stop", "stop_token_ids", "seed", "top_p", "top_k", "min_p", "presence_penalty",
-                   "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens")
+# Fields beam search does not take, with their neutral values (a 400 naming the field when set
+# to anything else; `seed` is accepted and unused: beam search draws nothing at random).
+_NOT_WITH_BEAMS: dict[str, tuple[Any, ...]] = {
+    "stop": (None, "", []),
+    "stop_token_ids": (None, []),
+    "top_p": (None, 1.0),
+    "top_k": (None, -1, 0),
+    "min_p": (None, 0.0),
+    "presence_penalty": (None, 0.0),
+    "frequency_penalty": (None, 0.0),
+    "repetition_penalty": (None, 1.0),
+    "logit_bias": (None, {}),
+    "min_tokens": (0,),
+}
 
 
 class SamplingRequest(OpenAIBaseModel):
@@ -137,8 +148,8 @@ class SamplingRequest(OpenAIBaseModel):
 
     def to_beam_search_params(self, max_tokens: int) -> BeamSearchParams:
         """BeamSearchParams for `use_beam_search`: n beams; one output when the search ends."""
-        for name in _NOT_WITH_BEAMS:
-            if getattr(self, name) not in (None, [], 0):
+        for name, neutral in _NOT_WITH_BEAMS.items():
+            if getattr(self, name) not in neutral:
                 raise SamplingParamsError(name, f"{name} cannot be used with use_beam_search.")
         return BeamSearchParams(
             beam_width=self.n,
