@@ -172,6 +172,12 @@ class LLMEngine:
         core_ids = self.output_processor.abort_requests(ids)
         self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ABORTED)
         self.beam_search.abort(ids)
+        if self._in_flight is not None and not self.scheduler.has_unfinished_requests():
+            # Nothing left to step: settle the launched step now (its results are all dropped)
+            # rather than at the next request's first step.
+            scheduler_output, pending = self._in_flight
+            self._in_flight = None
+            self._finish_step(scheduler_output, pending.result())
 
     def step(self) -> list[RequestOutput]:
         """The outputs of one step. With async scheduling the next step is running on the

@@ -144,6 +144,14 @@ def test_abort_while_a_step_is_in_flight(path):
     assert b.outputs[0].token_ids == alone.outputs[0].token_ids
     assert engine._in_flight is None
     assert engine.stats().num_free_blocks == engine.stats().num_blocks
+    # Aborting the last request settles the step in flight at once (the engine goes idle clean).
+    engine.add_request("c", PROMPTS[2], params)
+    engine.step()
+    engine.step()
+    assert engine._in_flight is not None
+    engine.abort_request("c")
+    assert engine._in_flight is None and not engine.has_unfinished_requests()
+    assert engine.stats().num_free_blocks == engine.stats().num_blocks
 
 
 def test_the_switch():
