@@ -23,7 +23,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from folio.benchmarks.result import RunResult, wrong_lengths
+from folio.benchmarks.result import RunResult
 from folio.benchmarks.throughput import release_device_memory
 from folio.benchmarks.workloads import Workload
 
@@ -114,17 +114,8 @@ def _run_continuous_batching(model: Any, workload: Workload, *, progress: bool) 
         elapsed = time.perf_counter() - start
     produced = [len(outputs[i].generated_tokens) for i in ids]
     errors = sorted({o.error for o in outputs.values() if getattr(o, "error", None)})
-    return RunResult(
-        system=CB,
-        workload=workload.name,
-        num_requests=workload.num_requests,
-        prompt_tokens=workload.prompt_tokens,
-        output_tokens=sum(produced),
-        elapsed_s=elapsed,
-        wrong_lengths=wrong_lengths([r.output_len for r in workload.requests], produced),
-        error="; ".join(errors) or None,
-        notes=[f"attention: {attention}"],
-    )
+    return RunResult.measured(CB, workload, produced, elapsed, error="; ".join(errors) or None,
+                              notes=[f"attention: {attention}"])
 
 
 def _cb_manager(model: Any, gen_config: Any, workload: Workload) -> Any:
@@ -180,16 +171,8 @@ def _run_generate(model: Any, workload: Workload, *, batch_size: int, progress: 
             produced += [min(r.output_len, new_tokens) for r in batch]
     _synchronize()
     elapsed = time.perf_counter() - start
-    return RunResult(
-        system=GENERATE,
-        workload=workload.name,
-        num_requests=workload.num_requests,
-        prompt_tokens=workload.prompt_tokens,
-        output_tokens=sum(produced),
-        elapsed_s=elapsed,
-        wrong_lengths=wrong_lengths([r.output_len for r in workload.requests], produced),
-        notes=[f"static batches of {batch_size}, each run to its longest request"],
-    )
+    return RunResult.measured(GENERATE, workload, produced, elapsed,
+                              notes=[f"static batches of {batch_size}, each run to its longest request"])
 
 
 def _generate(model: Any, input_ids: Any, mask: Any, num_tokens: int) -> Any:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from folio.benchmarks.workloads import Workload
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,23 @@ class RunResult:
             "error": self.error,
             "notes": list(self.notes),
         }
+
+    @classmethod
+    def measured(
+        cls, system: str, workload: Workload, produced: list[int], elapsed_s: float, *,
+        prompt_tokens: int | None = None, **extra: Any,
+    ) -> RunResult:
+        """A timed run: `produced` holds each request's output length, in workload order."""
+        return cls(
+            system=system,
+            workload=workload.name,
+            num_requests=workload.num_requests,
+            prompt_tokens=workload.prompt_tokens if prompt_tokens is None else prompt_tokens,
+            output_tokens=sum(produced),
+            elapsed_s=elapsed_s,
+            wrong_lengths=wrong_lengths([r.output_len for r in workload.requests], produced),
+            **extra,
+        )
 
     @classmethod
     def failed(cls, system: str, workload: str, num_requests: int, error: str) -> RunResult:

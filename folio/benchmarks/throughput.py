@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from folio.benchmarks.result import RunResult, wrong_lengths
+from folio.benchmarks.result import RunResult
 from folio.benchmarks.workloads import Workload, random_workload
 from folio.engine.arg_utils import EngineArgs
 
@@ -92,16 +92,9 @@ def _timed_generate(llm: Any, workload: Workload, detokenize: bool, progress: bo
     _synchronize()
     elapsed = time.perf_counter() - start
     produced = [len(o.outputs[0].token_ids) for o in outputs]
-    return RunResult(
-        system=SYSTEM,
-        workload=workload.name,
-        num_requests=workload.num_requests,
-        prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs),
-        output_tokens=sum(produced),
-        elapsed_s=elapsed,
-        wrong_lengths=wrong_lengths([r.output_len for r in workload.requests], produced),
-        notes=[] if detokenize else ["detokenization off"],
-    )
+    return RunResult.measured(SYSTEM, workload, produced, elapsed,
+                              prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs),
+                              notes=[] if detokenize else ["detokenization off"])
 
 
 def _prompts(workload: Workload) -> list[dict[str, list[int]]]:

@@ -183,20 +183,24 @@ class KVCacheManager:
         num_computed_tokens to prefix.num_tokens. All or nothing: returns False, changing
         nothing, when the pool has fewer free blocks than blocks_needed.
         """
-        if prefix is None and self._fits_in_own_blocks(request, num_new_tokens):
-            self._cache_full_blocks(request, request.num_computed_tokens + num_new_tokens)
-            return True  # the common decode step: nothing to allocate or copy
-        if not self.block_pool.can_allocate(self.blocks_needed(request, num_new_tokens, prefix)):
-            return False
         if prefix is not None and prefix.block_ids:
+            if not self.block_pool.can_allocate(self.blocks_needed(request, num_new_tokens, prefix)):
+                return False
             self._share_prefix(request, num_new_tokens, prefix)
             return True
+        # As blocks_needed, computed once: most calls are decode tokens that need nothing.
         start = request.num_computed_tokens
-        table = self._tables.setdefault(request.request_id, [])
-        if self._is_shared(table, start):
+        table = self._tables.get(request.request_id)
+        shared = table is not None and self._is_shared(table, start)
+        missing = max(0, cdiv(start + num_new_tokens, self.block_size) - len(table or ()))
+        if (missing or shared) and not self.block_pool.can_allocate(missing + shared):
+            return False
+        if table is None:
+            table = self._tables[request.request_id] = []
+        if shared:
             self._copy_on_write(table, start // self.block_size)
-        missing = cdiv(start + num_new_tokens, self.block_size) - len(table)
-        table.extend(self.block_pool.allocate(max(0, missing)))
+        if missing:
+            table.extend(self.block_pool.allocate(missing))
         self._cache_full_blocks(request, start + num_new_tokens)
         return True
 
@@ -220,14 +224,6 @@ class KVCacheManager:
         self.providers.update(self._cached_this_step[b] for b in kept if b in self._cached_this_step)
         self._num_cached_blocks[request.request_id] = start // self.block_size
         self._cache_full_blocks(request, start + num_new)
-
-    def _fits_in_own_blocks(self, request: Request, num_new_tokens: int) -> bool:
-        """Whether the new tokens land in blocks the table already holds, none of them shared."""
-        table = self._tables.get(request.request_id)
-        start = request.num_computed_tokens
-        return bool(table) and start + num_new_tokens <= len(table) * self.block_size and not self._is_shared(
-            table, start
-        )
 
     def _is_shared(self, table: list[int], position: int) -> bool:
         index = position // self.block_size

@@ -172,12 +172,7 @@ class LLMEngine:
         core_ids = self.output_processor.abort_requests(ids)
         self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ABORTED)
         self.beam_search.abort(ids)
-        if self._in_flight is not None and not self.scheduler.has_unfinished_requests():
-            # Nothing left to step: settle the launched step now (its results are all dropped)
-            # rather than at the next request's first step.
-            scheduler_output, pending = self._in_flight
-            self._in_flight = None
-            self._finish_step(scheduler_output, pending.result())
+        self._settle_if_idle()  # rather than at the next request's first step
 
     def step(self) -> list[RequestOutput]:
         """The outputs of one step. With async scheduling the next step is running on the
@@ -189,11 +184,16 @@ class LLMEngine:
         current = self._in_flight or self._launch()
         self._in_flight = None if self.scheduler.requires_sync_steps else self._launch()
         outputs = self._finish_step(current[0], current[1].result())
-        if self._in_flight is not None and not self.scheduler.has_unfinished_requests():
-            so, pending = self._in_flight  # every request in it has finished: results dropped
-            self._in_flight = None
-            self._finish_step(so, pending.result())
+        self._settle_if_idle()
         return outputs
+
+    def _settle_if_idle(self) -> None:
+        """With nothing left to run, wait for the step in flight and drop its results (every
+        request in it has finished or was aborted), so an idle engine holds no launched step."""
+        if self._in_flight is not None and not self.scheduler.has_unfinished_requests():
+            scheduler_output, pending = self._in_flight
+            self._in_flight = None
+            self._finish_step(scheduler_output, pending.result())
 
     def _launch(self) -> tuple[SchedulerOutput, PendingOutput]:
         scheduler_output = self.scheduler.schedule()

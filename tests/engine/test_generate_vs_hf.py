@@ -13,6 +13,7 @@ import torch
 
 from folio import LLM, SamplingParams
 from tests.helpers.checkpoints import make_tiny_checkpoint
+from tests.helpers.reference import hf_greedy_with_logprobs
 from tests.helpers.tokenizers import save_test_tokenizer
 
 KINDS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "opt"]
@@ -35,29 +36,7 @@ def case(request, tmp_path_factory):
     make_tiny_checkpoint(request.param, path)
     save_test_tokenizer(path)
     prompts = _prompts(KINDS.index(request.param))
-    return path, prompts, _hf_reference(path, prompts)
-
-
-def _hf_reference(path: str, prompts: list[list[int]]) -> list[tuple[list[int], torch.Tensor]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.generation_config.eos_token_id = None  # compare full length; EOS is tested elsewhere
-    refs = []
-    for ids in prompts:
-        out = model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=MAX_NEW,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-        )
-        tokens = out.sequences[0, len(ids):].tolist()
-        logprobs = torch.log_softmax(torch.stack(out.logits)[:, 0].float(), dim=-1)  # [steps, vocab]
-        refs.append((tokens, logprobs))
-    return refs
+    return path, prompts, hf_greedy_with_logprobs(path, prompts, MAX_NEW)
 
 
 def _greedy(logprobs: int | None = None) -> SamplingParams:

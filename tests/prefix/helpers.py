@@ -2,27 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 from folio import LLM, SamplingParams
-
-
-def hf_greedy(path: str, prompts: list[list[int]], max_new: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.generation_config.eos_token_id = None
-    outs = []
-    for ids in prompts:
-        out = model.generate(
-            torch.tensor([ids]),
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=max_new,
-            do_sample=False,
-            pad_token_id=0,
-        )
-        outs.append(out[0, len(ids):].tolist())
-    return outs
+from tests.helpers.reference import hf_greedy  # noqa: F401 - the prefix tests import it from here
 
 
 def make_llm(path: str, **kwargs) -> LLM:

@@ -44,18 +44,11 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def start_engine_process(args: argparse.Namespace):
-    """The engine's process, started now, when the engine is to run in one (else None).
-
-    --engine-process unset means a process on a GPU (a GPU engine steps fast enough for the
-    event loop's HTTP work to starve it of a shared GIL; docs/serving.md) and a thread on the CPU.
-    """
-    from folio.config.device import resolve_device
+    """The engine's process, started now, when the engine is to run in one (else None)."""
     from folio.engine.arg_utils import EngineArgs
     from folio.engine.engine_core import EngineProcess
+    from folio.entrypoints.openai.cli_args import engine_process_wanted
 
-    engine_process = args.engine_process
-    if engine_process is None:
-        engine_process = resolve_device(args.device) == "cuda"
-    if not engine_process:
+    if not engine_process_wanted(args.engine_process, args.device):
         return None
     return EngineProcess.from_engine_args(EngineArgs.from_cli_args(args))

@@ -20,12 +20,11 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from folio.config.device import resolve_device
 from folio.engine.arg_utils import EngineArgs
 from folio.engine.async_llm import AsyncLLM
 from folio.engine.engine_core import EngineProcess
 from folio.entrypoints.openai.auth import APIKeyMiddleware
-from folio.entrypoints.openai.cli_args import ServerConfig, make_arg_parser
+from folio.entrypoints.openai.cli_args import ServerConfig, engine_process_wanted, make_arg_parser
 from folio.entrypoints.openai.errors import install_error_handlers
 from folio.entrypoints.openai.router import ServingState, router
 from folio.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -121,12 +120,8 @@ def run_server(args: argparse.Namespace, core: EngineProcess | None = None) -> i
         if core is not None:
             core.close()
         raise
-    if core is None:
-        engine_process = config.engine_process
-        if engine_process is None:  # a GPU engine steps fast enough for HTTP to starve it of the GIL
-            engine_process = resolve_device(engine_args.device) == "cuda"
-        if engine_process:
-            core = EngineProcess.from_engine_args(engine_args)
+    if core is None and engine_process_wanted(config.engine_process, engine_args.device):
+        core = EngineProcess.from_engine_args(engine_args)
     if core is not None:
         engine = AsyncLLM(core=core, max_waiting_requests=config.max_waiting_requests)
     else:

@@ -49,6 +49,16 @@ class ServerConfig:
         )
 
 
+def engine_process_wanted(flag: bool | None, device: str) -> bool:
+    """--engine-process, or when unset: a process on a GPU (a GPU engine steps fast enough for
+    the event loop's HTTP work to starve it of a shared GIL; docs/serving.md), a thread on the CPU."""
+    if flag is not None:
+        return flag
+    from folio.config.device import resolve_device
+
+    return resolve_device(device) == "cuda"
+
+
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = ServerConfig()
     g = parser.add_argument_group("server")
