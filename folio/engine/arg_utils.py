@@ -52,6 +52,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     max_logprobs: int = 20
     async_scheduling: bool = True
+    quantization: str | None = None  # None: the checkpoint's quantization_config, if any
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -81,6 +82,7 @@ class EngineArgs:
             load_format=self.load_format,
             enforce_eager=self.enforce_eager,
             attention_backend=self.attention_backend,
+            quantization=self.quantization,
         )
         cache = CacheConfig(
             block_size=self.block_size,
@@ -142,6 +144,13 @@ class EngineArgs:
             action=argparse.BooleanOptionalAction,
             default=d.async_scheduling,
             help="plan and launch each step while the previous one runs on the device",
+        )
+        g.add_argument(
+            "--quantization",
+            "-q",
+            default=None,
+            help="compressed-tensors, gptq, awq (read from the checkpoint; default: its "
+            "quantization_config), or fp8 / int4-rtn to quantize an unquantized checkpoint on load",
         )
         return parser
 
