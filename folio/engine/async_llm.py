@@ -43,6 +43,7 @@ from folio.engine.input_processor import PromptType
 from folio.engine.llm_engine import EngineStats, LLMEngine
 from folio.engine.metrics import EngineMetrics
 from folio.logger import init_logger
+from folio.lora.request import LoRARequest
 from folio.outputs import CompletionOutput, RequestOutput
 from folio.sampling_params import SamplingParams
 
@@ -151,7 +152,12 @@ class AsyncLLM:
 
     # ---- requests -------------------------------------------------------------------------
     async def add_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Queue a request; returns its stream once the engine accepted it.
 
@@ -164,7 +170,7 @@ class AsyncLLM:
         self._streams[request_id] = stream
         self._pending[request_id] = future
         self._pending_sequences += params.n
-        self.core.send(AddCommand(request_id, prompt, params, priority))
+        self.core.send(AddCommand(request_id, prompt, params, priority, lora_request))
         try:
             await future
         except BaseException:
@@ -175,10 +181,15 @@ class AsyncLLM:
         return stream
 
     async def generate(
-        self, prompt: PromptType, params: SamplingParams, request_id: str, priority: int = 0
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """add_request, then the request's outputs; leaving early aborts the request."""
-        stream = await self.add_request(request_id, prompt, params, priority)
+        stream = await self.add_request(request_id, prompt, params, priority, lora_request)
         try:
             async for output in stream:
                 yield output

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from folio.logger import init_logger
+from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
 from folio.sampling_params import SamplingParams, SamplingParamsError
 
@@ -39,6 +40,7 @@ class AddCommand:
     prompt: PromptType
     params: SamplingParams
     priority: int = 0
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ class EngineLoop:
                 continue
             try:
                 self.engine.add_request(command.request_id, command.prompt, command.params,
-                                        priority=command.priority)
+                                        priority=command.priority, lora_request=command.lora_request)
             except Exception as e:  # an invalid request: its caller gets the error
                 results.append((command.request_id, command.params.n, RequestError.of(e)))
                 continue

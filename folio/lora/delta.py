@@ -25,7 +25,7 @@ def add_lora_delta(
     shard_sizes: list[int],
     shard_offsets: torch.Tensor,  # [shards + 1] int32 on the device
 ) -> torch.Tensor:
-    if not mapping.any_adapter and not torch.cuda.is_current_stream_capturing():
+    if not mapping.any_adapter and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         return y  # a step of base-model tokens only (a graph capture must keep the launches)
     if use_triton_for(x):
         shrunk = lora_shrink_triton(x, lora_a, mapping.sorted_tokens, mapping.slot_starts, mapping.slot_counts)

@@ -47,10 +47,16 @@ class LoRAMappingBuffers:
                  "slot_starts": max_loras, "slot_counts": max_loras}
         self.host = {k: torch.zeros(n, dtype=torch.int32, pin_memory=pin) for k, n in sizes.items()}
         self.device_tensors = {k: torch.zeros(n, dtype=torch.int32, device=device) for k, n in sizes.items()}
+        # Host buffers are rewritten each step: wait until last step's copies have left them.
+        self._copied = torch.cuda.Event() if pin else None
         self.current = self.write(np.full(0, -1), 0)
 
-    def write(self, token_slots: np.ndarray, padded_tokens: int) -> LoRAMapping:
-        """Fill the buffers from per-token slots (padding tokens get -1); returns the mapping."""
+    def write(self, token_slots: np.ndarray, padded_tokens: int, for_graph: bool = False) -> LoRAMapping:
+        """Fill the buffers from per-token slots (padding tokens get -1); returns the mapping.
+        for_graph: a CUDA-graph capture (or its warm-up), which must launch the kernels even
+        though no token has an adapter, so that replays with adapters run them."""
+        if self._copied is not None:
+            self._copied.synchronize()
         n = len(token_slots)
         h = {k: v.numpy() for k, v in self.host.items()}
         h["token_slots"][:n] = token_slots
@@ -63,8 +69,10 @@ class LoRAMappingBuffers:
         for name, size in (("token_slots", padded_tokens), ("sorted_tokens", len(sorted_tokens)),
                            ("slot_starts", self.max_loras), ("slot_counts", self.max_loras)):
             d[name][:size].copy_(self.host[name][:size], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
         self.current = LoRAMapping(
             d["token_slots"][:padded_tokens], d["sorted_tokens"], d["slot_starts"], d["slot_counts"],
-            any_adapter=bool(len(sorted_tokens)),
+            any_adapter=bool(len(sorted_tokens)) or for_graph,
         )
         return self.current

@@ -30,22 +30,27 @@ class LoRATarget:
     output_size: int  # this shard's output features
 
 
-def lora_targets(named_layers: Iterable[tuple[str, Any]]) -> dict[str, LoRATarget]:
-    """PEFT module name -> LoRATarget for every adaptable linear layer among (name, module).
+def adaptable_shards(layer_name: str, layer: Any) -> tuple[str, ...] | None:
+    """The PEFT module name of each output shard of a linear layer, or None when folio does
+    not adapt it (by its last name component: qkv_proj, gate_up_proj, o_proj, down_proj...)."""
+    leaf = layer_name.rpartition(".")[2]
+    names = MERGED_SHARDS.get(leaf, (leaf,) if leaf in SUPPORTED_MODULES else None)
+    sizes = getattr(layer, "output_sizes", None)
+    if names is None or sizes is None or len(sizes) != len(names):
+        return None  # not a linear layer, or not shaped like the merge its name promises
+    return names
 
-    A module qualifies by its last name component: a merged layer (qkv_proj, gate_up_proj)
-    yields one target per shard, o_proj / down_proj one each; `output_sizes` lists the shards.
-    """
+
+def lora_targets(named_layers: Iterable[tuple[str, Any]]) -> dict[str, LoRATarget]:
+    """PEFT module name -> LoRATarget for every adaptable linear layer among (name, module);
+    sizes are the whole (checkpoint) sizes, before any tensor-parallel split."""
     targets: dict[str, LoRATarget] = {}
     for name, layer in named_layers:
-        prefix, _, leaf = name.rpartition(".")
-        shard_names = MERGED_SHARDS.get(leaf, (leaf,) if leaf in SUPPORTED_MODULES else ())
-        if not shard_names:
+        shard_names = adaptable_shards(name, layer)
+        if shard_names is None:
             continue
-        sizes = list(getattr(layer, "output_sizes", None) or [layer.output_size])
-        if len(sizes) != len(shard_names):
-            continue  # not shaped like the merge its name promises: not adaptable
-        for shard, (shard_name, size) in enumerate(zip(shard_names, sizes)):
+        prefix = name.rpartition(".")[0]
+        for shard, (shard_name, size) in enumerate(zip(shard_names, layer.output_sizes)):
             hf_name = f"{prefix}.{shard_name}" if prefix else shard_name
             targets[hf_name] = LoRATarget(name, shard, int(layer.input_size), int(size))
     return targets
