@@ -23,6 +23,7 @@ with EngineDeadError and new ones are refused; /health then answers 503.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -34,6 +35,7 @@ from folio.engine.engine_loop import (
     AbortCommand,
     Accepted,
     AddCommand,
+    LoRACommand,
     Died,
     StopCommand,
     Stepped,
@@ -112,6 +114,11 @@ class AsyncLLM:
     def model_config(self):
         return self.core.model_config
 
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether the engine serves LoRA adapters (started with enable_lora)."""
+        return self.core.initial_stats.max_loras > 0
+
     def default_sampling_params(self) -> SamplingParams:
         return self.core.default_params.clone()
 
@@ -179,6 +186,22 @@ class AsyncLLM:
             self.core.send(AbortCommand(request_id))  # harmless if it was never added
             raise
         return stream
+
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load and check an adapter in the engine (ValueError if it cannot serve it)."""
+        await self._lora_command(LoRACommand(f"lora-{uuid.uuid4().hex}", lora_request=lora_request))
+
+    async def remove_lora(self, lora_int_id: int) -> None:
+        """Unload an adapter (ValueError if unknown or still in use)."""
+        await self._lora_command(LoRACommand(f"lora-{uuid.uuid4().hex}", remove_id=lora_int_id))
+
+    async def _lora_command(self, command: LoRACommand) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        future = self._loop.create_future()
+        self._pending[command.command_id] = future
+        self.core.send(command)
+        await future
 
     async def generate(
         self,

@@ -44,6 +44,15 @@ class AddCommand:
 
 
 @dataclass(frozen=True)
+class LoRACommand:
+    """Load (lora_request set) or unload (remove_id set) an adapter; answered like an add."""
+
+    command_id: str
+    lora_request: LoRARequest | None = None
+    remove_id: int | None = None
+
+
+@dataclass(frozen=True)
 class AbortCommand:
     request_id: str
 
@@ -145,6 +154,9 @@ class EngineLoop:
                     self._live.discard(command.request_id)
                     self.engine.abort_request(command.request_id)
                 continue
+            if isinstance(command, LoRACommand):
+                results.append((command.command_id, 0, self._apply_lora(command)))
+                continue
             try:
                 self.engine.add_request(command.request_id, command.prompt, command.params,
                                         priority=command.priority, lora_request=command.lora_request)
@@ -154,6 +166,16 @@ class EngineLoop:
             self._live.add(command.request_id)
             results.append((command.request_id, command.params.n, None))
         return results
+
+    def _apply_lora(self, command: LoRACommand) -> RequestError | None:
+        try:
+            if command.lora_request is not None:
+                self.engine.add_lora(command.lora_request)
+            elif not self.engine.remove_lora(command.remove_id):
+                raise ValueError(f"No adapter with id {command.remove_id} is loaded.")
+        except Exception as e:  # noqa: BLE001 - a bad adapter is its caller's error
+            return RequestError.of(e)
+        return None
 
     def _take_failed(self) -> dict[str, str]:
         failed = {}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import Counter
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -89,6 +90,10 @@ class EngineStats:
     kv_waste_fraction: float = 0.0
     kv_waste_fraction_prealloc_max_model_len: float = 0.0
     kv_waste_fraction_prealloc_max_tokens: float = 0.0
+    # LoRA (enable_lora): requests per adapter name, running and waiting; GPU slots.
+    lora_running: tuple[tuple[str, int], ...] = ()
+    lora_waiting: tuple[tuple[str, int], ...] = ()
+    max_loras: int = 0
 
 
 class LLMEngine:
@@ -284,6 +289,7 @@ class LLMEngine:
             kv_cache_usage=s.kv_usage,
             num_preemptions=s.num_preemptions,
             **_memory_stats(s),
+            **_lora_stats(s),
         )
 
 
@@ -309,6 +315,18 @@ def _memory_stats(s: Scheduler) -> dict[str, Any]:
         kv_waste_fraction_prealloc_max_model_len=waste.prealloc_max_model_len_waste_fraction,
         kv_waste_fraction_prealloc_max_tokens=waste.prealloc_max_tokens_waste_fraction,
     )
+
+
+def _lora_stats(s: Scheduler) -> dict[str, Any]:
+    """Requests per adapter name, running and waiting (only when LoRA is on)."""
+    if s.max_loras is None:
+        return {}
+
+    def count(requests: Iterable[Any]) -> tuple[tuple[str, int], ...]:
+        names = Counter(r.lora_request.lora_name for r in requests if r.lora_request is not None)
+        return tuple(sorted(names.items()))
+
+    return dict(lora_running=count(s.running), lora_waiting=count(s.waiting), max_loras=s.max_loras)
 
 
 def _load_tokenizer(config: EngineConfig) -> Any:

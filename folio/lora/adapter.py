@@ -61,11 +61,11 @@ def load_adapter(
     """Read and check the adapter folder; ValueError naming the problem otherwise."""
     config = read_adapter_config(request.lora_path)
     rank, scaling = check_adapter_config(config, max_lora_rank, request.lora_name)
+    listed = config.get("target_modules")
+    if isinstance(listed, (list, tuple)):  # a string is a regex PEFT matched: the weights tell
+        check_target_names(listed, targets, request.lora_name)
     tensors = read_adapter_tensors(request.lora_path)
     modules = pair_modules(tensors, targets, rank, request.lora_name)
-    listed = config.get("target_modules")
-    if isinstance(listed, (list, tuple)):
-        check_target_names(listed, targets, request.lora_name)
     cast = {
         name: LoRAModuleWeights(
             a.to(dtype).contiguous(),  # [r, in]

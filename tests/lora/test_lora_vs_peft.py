@@ -91,3 +91,24 @@ def test_more_adapters_than_slots_take_turns(case):
     batch = [{"prompt_token_ids": prompts[i % 3]} for i in range(len(order))]
     got = _tokens(llm.generate(batch, _greedy(), use_tqdm=False, lora_request=[adapters[n] if n else None for n in order]))
     assert got == [refs[n or "base"][i % 3] for i, n in enumerate(order)]
+
+
+def test_a_bad_adapter_fails_its_request_only(case, llm, tmp_path):
+    base, prompts, refs, adapters = case
+    missing = LoRARequest("missing", 9, str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="does not exist"):
+        llm.generate([{"prompt_token_ids": prompts[0]}] * 2, _greedy(), use_tqdm=False, lora_request=[None, missing])
+    with pytest.raises(ValueError, match="lora_int_id 1 is already used"):
+        llm.generate({"prompt_token_ids": prompts[0]}, _greedy(), use_tqdm=False,
+                     lora_request=LoRARequest("other", 1, adapters["wide"].lora_path))
+    with pytest.raises(ValueError, match="one per prompt"):
+        llm.generate({"prompt_token_ids": prompts[0]}, _greedy(), use_tqdm=False, lora_request=[None, None])
+    out = llm.generate({"prompt_token_ids": prompts[1]}, _greedy(), use_tqdm=False, lora_request=adapters["small"])
+    assert _tokens(out) == [refs["small"][1]]
+
+
+def test_lora_requests_need_enable_lora(case):
+    base, prompts, _, adapters = case
+    llm = LLM(model=base, dtype="float32", device="cpu", max_model_len=64)
+    with pytest.raises(ValueError, match="enable_lora=True"):
+        llm.generate({"prompt_token_ids": prompts[0]}, _greedy(), use_tqdm=False, lora_request=adapters["small"])
