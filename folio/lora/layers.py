@@ -32,6 +32,7 @@ class LoRALinear(nn.Module):
         max_loras: int,
         max_lora_rank: int,
         current_mapping: Callable[[], LoRAMapping],
+        dtype: torch.dtype,  # the model's activations' dtype (a quantized weight's is not)
     ) -> None:
         super().__init__()
         self.base_layer = base_layer
@@ -39,9 +40,7 @@ class LoRALinear(nn.Module):
         self.max_lora_rank = max_lora_rank
         self.current_mapping = current_mapping  # the step's token -> slot mapping (one shared buffer)
         self.shard_sizes = list(base_layer.output_partition_sizes)
-        weight = next(base_layer.parameters())
-        dtype = weight.dtype if weight.is_floating_point() else torch.get_default_dtype()
-        device = weight.device
+        device = next(base_layer.parameters()).device
         shards, out = len(self.shard_sizes), sum(self.shard_sizes)
         in_size = base_layer.input_size_per_partition
         self.lora_a = torch.zeros(max_loras, shards * max_lora_rank, in_size, dtype=dtype, device=device)

@@ -55,7 +55,7 @@ class LoRAManager:
         found = [(name, module) for name, module in model.named_modules() if adaptable_shards(name, module)]
         for name, module in found:
             wrapper = LoRALinear(module, adaptable_shards(name, module), self.config.max_loras,
-                                 self.config.max_lora_rank, self.current_mapping)
+                                 self.config.max_lora_rank, self.current_mapping, self.dtype)
             parent_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, attr, wrapper)
             self.layers[name] = wrapper

@@ -120,3 +120,15 @@ def test_lora_modules_flag_forms():
     for bad in ("a", "=/p", '{"name": 1}', "{oops"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_lora_module(bad)
+
+
+def test_engine_in_its_own_process_serves_adapters(case):
+    """Adapters and LoRA commands cross the pipe to an engine process (pickled) the same way."""
+    base, small, wide, texts = case
+    config = ServerConfig(lora_modules=(LoRAModulePath("small", small),), allow_runtime_lora_updating=True)
+    engine = make_engine(base, enable_lora=True, max_loras=1, max_lora_rank=8, engine_process=True)
+    with ServerThread(engine, config) as running, OpenAI(base_url=running.base_url, api_key="unused", max_retries=0) as api:
+        assert _complete(api, "small").choices[0].text == texts["small"]
+        response = httpx.post(f"{running.url}/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": wide}, timeout=60)
+        assert response.status_code == 200, response.text
+        assert _complete(api, "wide").choices[0].text == texts["wide"]
