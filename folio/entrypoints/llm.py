@@ -94,6 +94,7 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         params: BeamSearchParams,
         use_tqdm: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[BeamSearchOutput]:
         """Beam search over each prompt (vLLM's signature): beam_width sequences per prompt,
         best first, each with the prompt's tokens included. The beams share K/V blocks by
@@ -101,7 +102,8 @@ class LLM:
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}.")
         prompt_list = _as_prompt_list(prompts)
-        request_ids = self._add_requests(prompt_list, [params] * len(prompt_list), None)
+        loras = _lora_per_prompt(lora_request, len(prompt_list))
+        request_ids = self._add_requests(prompt_list, [params] * len(prompt_list), None, loras)
         return [to_beam_search_output(o) for o in self._run_engine(request_ids, use_tqdm)]
 
     def chat(
@@ -114,6 +116,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation with the checkpoint's chat template, then generate."""
         conversations = _as_conversation_list(messages)
@@ -133,7 +136,7 @@ class LLM:
             )
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     # ---- internals --------------------------------------------------------------------------
     def _params_per_prompt(

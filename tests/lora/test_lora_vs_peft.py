@@ -112,3 +112,17 @@ def test_lora_requests_need_enable_lora(case):
     llm = LLM(model=base, dtype="float32", device="cpu", max_model_len=64)
     with pytest.raises(ValueError, match="enable_lora=True"):
         llm.generate({"prompt_token_ids": prompts[0]}, _greedy(), use_tqdm=False, lora_request=adapters["small"])
+
+
+def test_samples_and_beams_keep_their_adapter(case, llm):
+    """n > 1 children fork the parent's blocks, beams are requests of their own: all keep the
+    adapter (greedy samples, and a beam of width 1, reproduce the adapter's greedy tokens)."""
+    from folio import BeamSearchParams
+
+    _, prompts, refs, adapters = case
+    params = SamplingParams(n=2, temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    (out,) = llm.generate({"prompt_token_ids": prompts[1]}, params, use_tqdm=False, lora_request=adapters["wide"])
+    assert [c.token_ids for c in out.outputs] == [refs["wide"][1]] * 2
+    (beams,) = llm.beam_search([{"prompt_token_ids": prompts[2]}], BeamSearchParams(beam_width=1, max_tokens=MAX_NEW,
+                               ignore_eos=True), lora_request=adapters["small"])
+    assert beams.sequences[0].tokens[len(prompts[2]):] == refs["small"][2]
