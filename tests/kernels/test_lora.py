@@ -145,4 +145,9 @@ def test_full_size_on_gpu(dtype, tokens, shape):
     got = _run_kernels(xd, a, b, slots, shard_sizes, base, "cuda")
     s = slots.cuda()
     ref = lora_expand_reference(base.clone(), lora_shrink_reference(xd, a, s), b, s, shard_sizes)
-    torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2)
+    # Summation order differs (tensor-core dots, split K): a shrink value may round to the next
+    # bf16 step, which B multiplies; bound the error by the outputs' scale, not element-wise.
+    scale = ref.float().abs().max().item()
+    torch.testing.assert_close(got.float(), ref.float(), atol=2e-2 * scale, rtol=0)
+    untouched = (slots == -1).cuda()
+    assert torch.equal(got[untouched], base[untouched])
