@@ -8,15 +8,15 @@ so each shard's B multiplies only its own A's result.
 
 The shrink result is rounded to B's dtype before the dot, as PEFT's lora_B(lora_A(x)) rounds
 between its two matmuls; the dot accumulates in float32 and y is rounded once after the add.
-Grid: (cdiv(tokens, BLOCK_M), shards * n-blocks of the widest shard, slots); each (token, col)
-pair belongs to one program, so the read-modify-write of y needs no atomics.
+Grid: (the shrink's blocks, shards * n-blocks of the widest shard); each (token, col) pair
+belongs to one program, so the read-modify-write of y needs no atomics.
 """
 
 from __future__ import annotations
 
 import torch
 
-from folio.kernels.lora_shrink import _check_mapping, slot_tokens
+from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, check_mapping, num_blocks
 from folio.kernels.triton_compat import check_dtype, check_same_device, next_power_of_2, tl, triton
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -29,8 +29,9 @@ def _lora_expand_kernel(
     b_ptr,  # [slots, N, R]
     offsets_ptr,  # [shards + 1] int32: output columns of each shard
     sorted_ptr,  # [tokens] int32
-    starts_ptr,  # [slots] int32
-    counts_ptr,  # [slots] int32
+    block_slots_ptr,  # [blocks] int32 (see lora_shrink.plan_blocks)
+    block_starts_ptr,  # [blocks] int32
+    block_ends_ptr,  # [blocks] int32
     R,
     y_stride,
     s_stride,
@@ -42,18 +43,17 @@ def _lora_expand_kernel(
     BLOCK_R: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
-    slot = tl.program_id(2)
-    count = tl.load(counts_ptr + slot)
-    if pid_m * BLOCK_M >= count:
+    slot = tl.load(block_slots_ptr + pid_b)
+    if slot < 0:
         return
     shard = pid_n // NUM_N_BLOCKS
     col_start = tl.load(offsets_ptr + shard) + (pid_n % NUM_N_BLOCKS) * BLOCK_N
     col_end = tl.load(offsets_ptr + shard + 1)
     if col_start >= col_end:
         return
-    tokens, mask_m = slot_tokens(sorted_ptr, starts_ptr, slot, pid_m, count, BLOCK_M)
+    tokens, mask_m = block_tokens(sorted_ptr, block_starts_ptr, block_ends_ptr, pid_b, BLOCK_M)
     offs_r = tl.arange(0, BLOCK_R)
     mask_r = offs_r < R
     cols = col_start + tl.arange(0, BLOCK_N)
@@ -74,37 +74,36 @@ def lora_expand_triton(
     lora_b: torch.Tensor,  # [slots, N, R]
     shard_offsets: torch.Tensor,  # [shards + 1] int32 on y's device: 0, ..., N
     sorted_tokens: torch.Tensor,  # [tokens] int32
-    slot_starts: torch.Tensor,  # [slots] int32
-    slot_counts: torch.Tensor,  # [slots] int32
+    blocks: LoRABlocks,  # the shrink's blocks
     shard_sizes: list[int],  # the same shards, on the host (tile sizes depend on them)
 ) -> torch.Tensor:
     """Triton launcher: adds each token's adapter delta into y; returns y."""
     _check(y, shrunk, lora_b, shard_offsets, shard_sizes)
-    _check_mapping(y.shape[0], lora_b.shape[0], sorted_tokens, slot_starts, slot_counts)
+    check_mapping(y.shape[0], lora_b.shape[0], sorted_tokens, blocks)
     check_same_device(_lora_expand_kernel, y=y, shrunk=shrunk, lora_b=lora_b, shard_offsets=shard_offsets)
     tokens = y.shape[0]
     slots, _, r = lora_b.shape
     if tokens == 0:
         return y
-    block_m = 16 if tokens <= 1024 else 64
     block_n = 64 if tokens <= 1024 else 128
     n_blocks = triton.cdiv(max(shard_sizes), block_n)
-    grid = (triton.cdiv(tokens, block_m), len(shard_sizes) * n_blocks, slots)
+    grid = (num_blocks(tokens, slots), len(shard_sizes) * n_blocks)
     _lora_expand_kernel[grid](
         y,
         shrunk,
         lora_b,
         shard_offsets,
         sorted_tokens,
-        slot_starts,
-        slot_counts,
+        blocks.slots,
+        blocks.starts,
+        blocks.ends,
         r,
         y.stride(0),
         shrunk.stride(0),
         lora_b.stride(0),
         lora_b.stride(1),
         NUM_N_BLOCKS=n_blocks,
-        BLOCK_M=block_m,
+        BLOCK_M=block_m(tokens),
         BLOCK_N=block_n,
         BLOCK_R=max(16, next_power_of_2(r)),
         PRECISION="ieee" if lora_b.dtype == torch.float32 else "tf32",

@@ -2,22 +2,26 @@
 
 The Punica / S-LoRA idea: adapters live stacked in GPU slots, A as [slots, R, K], and each token
 carries the slot of its adapter (-1: none). The host groups the step's token indices by slot
-(`sorted_tokens`, with each slot's `slot_starts` / `slot_counts`), so a program owns BLOCK_M
-tokens of ONE slot and multiplies them by that slot's A with tensor-core dots: a segmented
-GEMM, no per-token matrix-vector products. Tokens without an adapter are in no group and cost
-nothing.
+(`sorted_tokens`) and cuts each slot's group into blocks of at most BLOCK_M tokens
+(`plan_blocks`: per block its slot, and where it starts and its group ends in sorted_tokens), so
+a program owns one block, all of ONE slot, and multiplies it by that slot's A with tensor-core
+dots: a segmented GEMM, no per-token matrix-vector products. Tokens without an adapter are in no
+block and cost nothing.
 
-Grid: (cdiv(tokens, BLOCK_M), slots, SPLIT_K). It depends only on the padded token count, so a
-CUDA graph captured for a decode batch size is valid for every mix of adapters; programs past
-their slot's count return at once. Decode batches have few tokens per slot and a long K, so
-the K loop is split over SPLIT_K programs writing partial sums, added afterwards (no atomics:
-the result does not depend on the order programs finish in).
+Grid: (cdiv(tokens, BLOCK_M) + slots, SPLIT_K): enough blocks for any mix of adapters, and a
+function of the padded token count alone, so a CUDA graph captured for a decode batch size is
+valid for every mix (unused blocks have slot -1 and return at once). Decode batches have few
+tokens per slot and a long K, so the K loop is split over SPLIT_K programs writing partial
+sums, added afterwards (no atomics: the result does not depend on the order programs finish in).
 
 For merged layers (QKV, gate/up) R stacks each shard's rank block: R = shards * r_max.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import torch
 
 from folio.kernels.triton_compat import check_dtype, check_same_device, next_power_of_2, tl, triton
@@ -26,13 +30,14 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def slot_tokens(sorted_ptr, starts_ptr, slot, pid_m, count, BLOCK_M: tl.constexpr):
-    """The token indices of this program's block of one slot's group, and which are real."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < count
-    start = tl.load(starts_ptr + slot)
-    tokens = tl.load(sorted_ptr + start + offs_m, mask=mask_m, other=0).to(tl.int64)
-    return tokens, mask_m
+def block_tokens(sorted_ptr, block_starts_ptr, block_ends_ptr, pid_b, BLOCK_M: tl.constexpr):
+    """The token indices of block pid_b (all of one slot), and which lanes are real."""
+    start = tl.load(block_starts_ptr + pid_b)
+    end = tl.load(block_ends_ptr + pid_b)
+    offs = start + tl.arange(0, BLOCK_M)
+    mask = offs < end
+    tokens = tl.load(sorted_ptr + offs, mask=mask, other=0).to(tl.int64)
+    return tokens, mask
 
 
 @triton.jit
@@ -41,8 +46,9 @@ def _lora_shrink_kernel(
     x_ptr,  # [tokens, K]
     a_ptr,  # [slots, R, K]
     sorted_ptr,  # [tokens] int32: token indices grouped by slot
-    starts_ptr,  # [slots] int32
-    counts_ptr,  # [slots] int32
+    block_slots_ptr,  # [blocks] int32: each block's slot, -1 = unused
+    block_starts_ptr,  # [blocks] int32: where it starts in sorted_tokens
+    block_ends_ptr,  # [blocks] int32: where its slot's group ends
     num_tokens,
     K,
     R,
@@ -55,13 +61,12 @@ def _lora_shrink_kernel(
     SPLIT_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    slot = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    count = tl.load(counts_ptr + slot)
-    if pid_m * BLOCK_M >= count:
+    pid_b = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    slot = tl.load(block_slots_ptr + pid_b)
+    if slot < 0:
         return
-    tokens, mask_m = slot_tokens(sorted_ptr, starts_ptr, slot, pid_m, count, BLOCK_M)
+    tokens, mask_m = block_tokens(sorted_ptr, block_starts_ptr, block_ends_ptr, pid_b, BLOCK_M)
     offs_r = tl.arange(0, BLOCK_R)
     mask_r = offs_r < R
     a_base = a_ptr + slot.to(tl.int64) * a_stride_slot
@@ -80,12 +85,11 @@ def lora_shrink_triton(
     x: torch.Tensor,  # [tokens, K]
     lora_a: torch.Tensor,  # [slots, R, K]
     sorted_tokens: torch.Tensor,  # [tokens] int32
-    slot_starts: torch.Tensor,  # [slots] int32
-    slot_counts: torch.Tensor,  # [slots] int32
+    blocks: LoRABlocks,  # plan_blocks(slot_counts, tokens) on the device
     split_k: int | None = None,
 ) -> torch.Tensor:  # [tokens, R] float32; rows of tokens without an adapter are undefined
     """Triton launcher: checks shapes, picks tile sizes, sums the split-K partials."""
-    _check(x, lora_a, sorted_tokens, slot_starts, slot_counts)
+    _check(x, lora_a, sorted_tokens, blocks)
     check_same_device(_lora_shrink_kernel, x=x, lora_a=lora_a, sorted_tokens=sorted_tokens)
     tokens, k = x.shape
     slots, r, _ = lora_a.shape
@@ -93,22 +97,22 @@ def lora_shrink_triton(
     partial = torch.empty((split, tokens, r), dtype=torch.float32, device=x.device)
     if tokens == 0:
         return partial.sum(0)
-    block_m = 16 if tokens <= 1024 else 64
-    grid = (triton.cdiv(tokens, block_m), slots, split)
+    grid = (num_blocks(tokens, slots), split)
     _lora_shrink_kernel[grid](
         partial,
         x,
         lora_a,
         sorted_tokens,
-        slot_starts,
-        slot_counts,
+        blocks.slots,
+        blocks.starts,
+        blocks.ends,
         tokens,
         k,
         r,
         x.stride(0),
         lora_a.stride(0),
         lora_a.stride(1),
-        BLOCK_M=block_m,
+        BLOCK_M=block_m(tokens),
         BLOCK_R=max(16, next_power_of_2(r)),
         BLOCK_K=64,
         SPLIT_K=split,
@@ -133,6 +137,40 @@ def lora_shrink_reference(
     return out
 
 
+class LoRABlocks(NamedTuple):
+    """Per block of at most block_m tokens of one slot: slot (-1 unused), start, group end."""
+
+    slots: torch.Tensor  # [>= num_blocks] int32
+    starts: torch.Tensor  # [>= num_blocks] int32
+    ends: torch.Tensor  # [>= num_blocks] int32
+
+
+def block_m(tokens: int) -> int:
+    """Tokens per block: small for decode batches (few tokens per slot), larger for prefill."""
+    return 16 if tokens <= 1024 else 64
+
+
+def num_blocks(tokens: int, slots: int) -> int:
+    """Blocks the grid launches: enough for any split of `tokens` over `slots` groups."""
+    return -(-tokens // block_m(tokens)) + slots
+
+
+def plan_blocks(slot_counts: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(slots, starts, ends) of every block, padded with slot -1 to num_blocks(tokens, slots):
+    the groups of sorted_tokens (in slot order, slot_counts long each) cut into block_m pieces."""
+    counts = np.asarray(slot_counts, dtype=np.int64)
+    size, total = block_m(tokens), num_blocks(tokens, len(counts))
+    group_starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    per_slot = -(-counts // size)  # blocks of each slot
+    slots = np.repeat(np.arange(len(counts)), per_slot)
+    first = np.repeat(np.cumsum(per_slot) - per_slot, per_slot)
+    starts = np.repeat(group_starts, per_slot) + (np.arange(len(slots)) - first) * size
+    ends = np.repeat(group_starts + counts, per_slot)
+    pad = total - len(slots)
+    return (np.concatenate((slots, np.full(pad, -1))), np.concatenate((starts, np.zeros(pad, np.int64))),
+            np.concatenate((ends, np.zeros(pad, np.int64))))
+
+
 def _default_split(tokens: int, k: int) -> int:
     """Few tokens per slot (decode): split the K loop so more programs share the reads of A."""
     if tokens > 512:
@@ -140,7 +178,7 @@ def _default_split(tokens: int, k: int) -> int:
     return max(1, min(8, k // 512))
 
 
-def _check(x, lora_a, sorted_tokens, slot_starts, slot_counts) -> None:
+def _check(x, lora_a, sorted_tokens, blocks) -> None:
     check_dtype("x", x, _FLOATS)
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"x must be [tokens, K] with contiguous rows, got {tuple(x.shape)}.")
@@ -150,10 +188,12 @@ def _check(x, lora_a, sorted_tokens, slot_starts, slot_counts) -> None:
         raise ValueError(f"lora_a must have x's dtype {x.dtype}, got {lora_a.dtype}.")
     if lora_a.shape[1] > 256:
         raise ValueError(f"at most 256 stacked rank rows are supported, got {lora_a.shape[1]}.")
-    _check_mapping(x.shape[0], lora_a.shape[0], sorted_tokens, slot_starts, slot_counts)
+    check_mapping(x.shape[0], lora_a.shape[0], sorted_tokens, blocks)
 
 
-def _check_mapping(tokens: int, slots: int, sorted_tokens, slot_starts, slot_counts) -> None:
-    for name, t, n in (("sorted_tokens", sorted_tokens, tokens), ("slot_starts", slot_starts, slots), ("slot_counts", slot_counts, slots)):
+def check_mapping(tokens: int, slots: int, sorted_tokens: torch.Tensor, blocks: LoRABlocks) -> None:
+    n_blocks = num_blocks(tokens, slots)
+    for name, t, n in (("sorted_tokens", sorted_tokens, tokens), ("block slots", blocks.slots, n_blocks),
+                       ("block starts", blocks.starts, n_blocks), ("block ends", blocks.ends, n_blocks)):
         if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] < n:
             raise ValueError(f"{name} must be int32 with at least {n} entries, got {t.dtype} {tuple(t.shape)}.")

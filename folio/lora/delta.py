@@ -28,11 +28,8 @@ def add_lora_delta(
     if not mapping.any_adapter and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         return y  # a step of base-model tokens only (a graph capture must keep the launches)
     if use_triton_for(x):
-        shrunk = lora_shrink_triton(x, lora_a, mapping.sorted_tokens, mapping.slot_starts, mapping.slot_counts)
-        return lora_expand_triton(
-            y, shrunk, lora_b, shard_offsets, mapping.sorted_tokens, mapping.slot_starts,
-            mapping.slot_counts, shard_sizes,
-        )
+        shrunk = lora_shrink_triton(x, lora_a, mapping.sorted_tokens, mapping.blocks)
+        return lora_expand_triton(y, shrunk, lora_b, shard_offsets, mapping.sorted_tokens, mapping.blocks, shard_sizes)
     slots = mapping.token_slots[: x.shape[0]]
     shrunk = lora_shrink_reference(x, lora_a, slots)
     return lora_expand_reference(y, shrunk, lora_b, slots, shard_sizes)

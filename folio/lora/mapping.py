@@ -1,4 +1,4 @@
-"""LoRAMapping: which GPU slot each token of a step uses, grouped by slot for the kernels.
+"""LoRAMapping: which GPU slot each token of a step uses, grouped and blocked for the kernels.
 
 Built on the host with numpy from the per-token slots (-1 = no adapter), written into the
 persistent buffers of LoRAMappingBuffers (the same addresses every step, so a captured CUDA graph
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from folio.kernels.lora_shrink import LoRABlocks, num_blocks, plan_blocks
 
 
 def group_tokens_by_slot(token_slots: np.ndarray, num_slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -31,8 +33,7 @@ class LoRAMapping:
 
     token_slots: torch.Tensor  # [tokens] int32, -1 = no adapter
     sorted_tokens: torch.Tensor  # [tokens] int32 (a prefix is used: tokens with an adapter)
-    slot_starts: torch.Tensor  # [max_loras] int32
-    slot_counts: torch.Tensor  # [max_loras] int32
+    blocks: LoRABlocks  # the kernels' blocks of sorted_tokens (lora_shrink.plan_blocks)
     any_adapter: bool  # host-side: whether any token of the step has an adapter
 
 
@@ -43,8 +44,9 @@ class LoRAMappingBuffers:
         self.max_loras = max_loras
         self.device = device
         pin = device.type == "cuda"
+        max_blocks = -(-max_num_tokens // 16) + max_loras  # >= num_blocks(tokens, max_loras)
         sizes = {"token_slots": max_num_tokens, "sorted_tokens": max_num_tokens,
-                 "slot_starts": max_loras, "slot_counts": max_loras}
+                 "block_slots": max_blocks, "block_starts": max_blocks, "block_ends": max_blocks}
         self.host = {k: torch.zeros(n, dtype=torch.int32, pin_memory=pin) for k, n in sizes.items()}
         self.device_tensors = {k: torch.zeros(n, dtype=torch.int32, device=device) for k, n in sizes.items()}
         # Host buffers are rewritten each step: wait until last step's copies have left them.
@@ -61,18 +63,20 @@ class LoRAMappingBuffers:
         h = {k: v.numpy() for k, v in self.host.items()}
         h["token_slots"][:n] = token_slots
         h["token_slots"][n:padded_tokens] = -1
-        sorted_tokens, starts, counts = group_tokens_by_slot(token_slots, self.max_loras)
+        sorted_tokens, _, counts = group_tokens_by_slot(token_slots, self.max_loras)
         h["sorted_tokens"][: len(sorted_tokens)] = sorted_tokens
-        h["slot_starts"][:] = starts
-        h["slot_counts"][:] = counts
+        n_blocks = num_blocks(padded_tokens, self.max_loras)
+        for name, values in zip(("block_slots", "block_starts", "block_ends"), plan_blocks(counts, padded_tokens)):
+            h[name][:n_blocks] = values
         d = self.device_tensors
         for name, size in (("token_slots", padded_tokens), ("sorted_tokens", len(sorted_tokens)),
-                           ("slot_starts", self.max_loras), ("slot_counts", self.max_loras)):
+                           ("block_slots", n_blocks), ("block_starts", n_blocks), ("block_ends", n_blocks)):
             d[name][:size].copy_(self.host[name][:size], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
         self.current = LoRAMapping(
-            d["token_slots"][:padded_tokens], d["sorted_tokens"], d["slot_starts"], d["slot_counts"],
+            d["token_slots"][:padded_tokens], d["sorted_tokens"],
+            LoRABlocks(d["block_slots"], d["block_starts"], d["block_ends"]),
             any_adapter=bool(len(sorted_tokens)) or for_graph,
         )
         return self.current

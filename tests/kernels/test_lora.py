@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from folio.kernels.lora_expand import lora_expand_reference, lora_expand_triton
-from folio.kernels.lora_shrink import lora_shrink_reference, lora_shrink_triton
+from folio.kernels.lora_shrink import LoRABlocks, block_m, lora_shrink_reference, lora_shrink_triton, num_blocks, plan_blocks
 from folio.lora.delta import lora_delta_reference
 from folio.lora.mapping import group_tokens_by_slot
 
@@ -58,19 +58,19 @@ def _expected(x, adapters, slots, shard_sizes, base):
 
 
 def _mapping(slots, num_slots, device):
-    sorted_tokens, starts, counts = group_tokens_by_slot(slots.numpy(), num_slots)
+    sorted_tokens, _, counts = group_tokens_by_slot(slots.numpy(), num_slots)
     to = lambda v: torch.from_numpy(np.asarray(v, dtype=np.int32)).to(device)  # noqa: E731
     padded = np.zeros(len(slots), dtype=np.int32)
     padded[: len(sorted_tokens)] = sorted_tokens
-    return to(padded), to(starts), to(counts)
+    return to(padded), LoRABlocks(*(to(v) for v in plan_blocks(counts, len(slots))))
 
 
 def _run_kernels(x, a, b, slots, shard_sizes, base, device, split_k=None):
-    sorted_tokens, starts, counts = _mapping(slots, a.shape[0], device)
-    shrunk = lora_shrink_triton(x, a, sorted_tokens, starts, counts, split_k=split_k)
+    sorted_tokens, blocks = _mapping(slots, a.shape[0], device)
+    shrunk = lora_shrink_triton(x, a, sorted_tokens, blocks, split_k=split_k)
     offsets = torch.tensor([0, *np.cumsum(shard_sizes)], dtype=torch.int32, device=device)
     y = base.clone()
-    return lora_expand_triton(y, shrunk, b, offsets, sorted_tokens, starts, counts, list(shard_sizes))
+    return lora_expand_triton(y, shrunk, b, offsets, sorted_tokens, blocks, list(shard_sizes))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -80,6 +80,7 @@ def _run_kernels(x, a, b, slots, shard_sizes, base, device, split_k=None):
         (13, 40, [24], [4, 8], 8),  # o_proj-like, ranks below r_max (zero padding)
         (21, 48, [40, 20, 20], [8, 3, 16], 16),  # qkv-like: three shards, three As
         (9, 36, [30, 30], [2], 8),  # gate/up-like, one adapter
+        (70, 40, [24, 8], [4, 8], 8),  # ~25 tokens per slot: several blocks of 16 per slot
     ],
 )
 def test_kernels_match_token_by_token_reference(device, dtype, tokens, k, shard_sizes, ranks, r_max):
@@ -120,16 +121,35 @@ def test_grouping():
     assert starts.tolist() == [0, 2, 3, 5] and counts.tolist() == [2, 1, 2, 0]
 
 
+@pytest.mark.parametrize("tokens", [7, 100, 1024, 1500])
+def test_blocks_cover_each_group_once(tokens):
+    rng = np.random.default_rng(tokens)
+    counts = rng.multinomial(tokens - 3, [0.5, 0.0, 0.3, 0.2])  # an empty slot, 3 tokens without one
+    slots, starts, ends = plan_blocks(counts, tokens)
+    assert len(slots) == num_blocks(tokens, 4)
+    covered = np.zeros(tokens, dtype=int)
+    group_start = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    for slot, start, end in zip(slots, starts, ends):
+        if slot < 0:
+            continue
+        assert group_start[slot] <= start < end == group_start[slot] + counts[slot]
+        covered[start : min(start + block_m(tokens), end)] += 1
+    assert covered[: counts.sum()].tolist() == [1] * counts.sum() and not covered[counts.sum():].any()
+
+
 def test_rejects_bad_shapes(device):
     x = torch.randn(4, 32, device=device)
     a = torch.zeros(2, 8, 30, device=device)
     i32 = torch.zeros(4, dtype=torch.int32, device=device)
+    blocks = LoRABlocks(*(torch.zeros(8, dtype=torch.int32, device=device) for _ in range(3)))
     with pytest.raises(ValueError, match="lora_a"):
-        lora_shrink_triton(x, a, i32, i32[:2], i32[:2])
+        lora_shrink_triton(x, a, i32, blocks)
+    with pytest.raises(ValueError, match="block slots"):
+        lora_shrink_triton(x, torch.zeros(2, 8, 32, device=device), i32, LoRABlocks(i32[:1], i32[:1], i32[:1]))
     with pytest.raises(ValueError, match="shard sizes"):
         lora_expand_triton(torch.zeros(4, 16, device=device), torch.zeros(4, 8, device=device),
                            torch.zeros(2, 16, 8, device=device), torch.zeros(2, dtype=torch.int32, device=device),
-                           i32, i32[:2], i32[:2], [10])
+                           i32, blocks, [10])
 
 
 @pytest.mark.gpu
