@@ -15,6 +15,7 @@ import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
 
+from folio.entrypoints.openai.api_server import build_app
 from folio.entrypoints.openai.cli_args import LoRAModulePath, ServerConfig, parse_lora_module
 from tests.helpers.adapters import make_peft_adapter, peft_greedy
 from tests.helpers.checkpoints import make_tiny_checkpoint
@@ -91,6 +92,9 @@ def test_load_serve_and_unload_at_run_time(client, server, case):
     assert response.status_code == 200, response.text
     assert _complete(client, "wide").choices[0].text == texts["wide"]
     assert post("load_lora_adapter", {"lora_name": "wide", "lora_path": wide}).status_code == 400
+    _, small, _, _ = case
+    assert post("load_lora_adapter", {"lora_name": "wide", "lora_path": small, "load_inplace": True}).status_code == 200
+    assert _complete(client, "wide").choices[0].text == texts["small"], "the name now serves the new adapter"
     missing = post("load_lora_adapter", {"lora_name": "gone", "lora_path": wide + "-missing"})
     assert missing.status_code == 400 and "does not exist" in missing.json()["error"]["message"]
     assert post("unload_lora_adapter", {"lora_name": "wide"}).status_code == 200
@@ -132,3 +136,28 @@ def test_engine_in_its_own_process_serves_adapters(case):
         response = httpx.post(f"{running.url}/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": wide}, timeout=60)
         assert response.status_code == 200, response.text
         assert _complete(api, "wide").choices[0].text == texts["wide"]
+
+
+def test_lora_modules_need_enable_lora(case):
+    base, small, _, _ = case
+    with pytest.raises(ValueError, match="--enable-lora"):
+        build_app(make_engine(base), ServerConfig(lora_modules=(LoRAModulePath("small", small),)))
+
+
+def test_lora_metrics_count_requests_per_adapter():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from folio.engine.llm_engine import EngineStats
+    from folio.engine.lora_metrics import LoRAMetrics
+
+    registry = CollectorRegistry()
+    metrics = LoRAMetrics(registry, {"model_name": "m"})
+    stats = EngineStats(num_running=3, num_waiting=1, num_blocks=8, num_free_blocks=8, kv_cache_usage=0.0,
+                        num_preemptions=0, lora_running=(("a", 2), ("b", 1)), lora_waiting=(("c", 1),), max_loras=2)
+    metrics.record(stats)
+    text = generate_latest(registry).decode()
+    assert 'max_lora="2",running_lora_adapters="a,b",waiting_lora_adapters="c"' in text
+    assert 'folio:lora_requests{lora_name="a",model_name="m",state="running"} 2.0' in text
+    metrics.record(EngineStats(0, 0, 8, 8, 0.0, 0, max_loras=2))
+    text = generate_latest(registry).decode()
+    assert 'running_lora_adapters=""' in text and 'lora_name="a"' not in text

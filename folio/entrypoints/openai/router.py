@@ -111,7 +111,7 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
     """Load a PEFT adapter from a local folder and serve it as the model `lora_name` (vLLM's
     endpoint; only with --allow-runtime-lora-updating)."""
     state = _runtime_lora_state(request)
-    await state.models.load(state.engine, body.lora_name, body.lora_path)
+    await state.models.load(state.engine, body.lora_name, body.lora_path, inplace=body.load_inplace)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 

@@ -56,13 +56,14 @@ class OpenAIServingModels:
                              param="model", code="model_not_found")
 
     # ---- loading and unloading ----------------------------------------------------------------
-    async def load(self, engine: AsyncLLM, name: str, path: str) -> LoRARequest:
-        """Load an adapter into the engine under `name` (400 if unusable or the name is taken)."""
+    async def load(self, engine: AsyncLLM, name: str, path: str, inplace: bool = False) -> LoRARequest:
+        """Load an adapter into the engine under `name` (400 if unusable or the name is taken;
+        inplace: replace the adapter of that name, once the new one has loaded)."""
         if not self.lora_enabled:
             raise BadRequestError("LoRA adapters need a server started with --enable-lora.", param="lora_name")
         if not name or not path:
             raise BadRequestError("Both lora_name and lora_path are required.", param="lora_name" if not name else "lora_path")
-        if name == self.card.id or name in self.adapters:
+        if name == self.card.id or (name in self.adapters and not inplace):
             raise BadRequestError(f"The LoRA adapter {name!r} has already been loaded.", param="lora_name")
         request = LoRARequest(name, next(self._ids), path, base_model_name=self.card.id)
         try:
@@ -71,6 +72,10 @@ class OpenAIServingModels:
             raise from_engine_error(e) from None
         card = ModelCard(id=name, created=int(time.time()), root=path, parent=self.card.id,
                          max_model_len=self.card.max_model_len)
+        if name in self.adapters:  # inplace: new requests get the new adapter (a new id)
+            old, _ = self.adapters[name]
+            self.adapters[name] = (request, card)
+            await self._remove_when_idle(engine, old)
         self.adapters[name] = (request, card)
         return request
 
@@ -83,6 +88,14 @@ class OpenAIServingModels:
         except Exception as e:  # noqa: BLE001 - e.g. still in use by running requests: a 400
             raise from_engine_error(e) from None
         del self.adapters[name]
+
+    async def _remove_when_idle(self, engine: AsyncLLM, old: LoRARequest) -> None:
+        """Unload the replaced adapter; if requests still use it, it stays loaded (the engine
+        refuses), which is harmless: nothing can reach it by name any more."""
+        try:
+            await engine.remove_lora(old.lora_int_id)
+        except ValueError:
+            pass
 
     async def load_static(self, engine: AsyncLLM, modules: tuple[LoRAModulePath, ...]) -> None:
         """--lora-modules, at startup: any adapter the engine refuses stops the server."""

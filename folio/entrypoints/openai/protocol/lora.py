@@ -10,6 +10,7 @@ from folio.entrypoints.openai.protocol.common import OpenAIBaseModel
 class LoadLoRAAdapterRequest(OpenAIBaseModel):
     lora_name: str = Field(min_length=1)
     lora_path: str = Field(min_length=1)
+    load_inplace: bool = False  # replace an adapter already loaded under this name
 
 
 class UnloadLoRAAdapterRequest(OpenAIBaseModel):
