@@ -121,17 +121,17 @@ def lora_expand_reference(
 ) -> torch.Tensor:
     """Plain torch with the kernel's rounding: shrink rounded to B's dtype, float32 dot and add."""
     r = lora_b.shape[2]
-    for slot in token_slots.unique().tolist():
-        if slot < 0:
-            continue
-        rows = (token_slots == slot).nonzero().squeeze(1)  # [n]
+    rounded = shrunk.to(lora_b.dtype).float()  # [tokens, shards * R]
+    delta = torch.zeros(y.shape, dtype=torch.float32, device=y.device)  # [tokens, N]
+    for slot in range(lora_b.shape[0]):  # masked, no host reads: graph-safe (see the shrink)
+        mask = (token_slots == slot).unsqueeze(1)  # [tokens, 1]
         col = 0
         for j, size in enumerate(shard_sizes):
-            s = shrunk[rows, j * r : (j + 1) * r].to(lora_b.dtype).float()  # [n, R]
-            b = lora_b[slot, col : col + size].float()  # [size, R]
-            block = y[rows, col : col + size].float() + s @ b.T  # [n, size]
-            y[rows, col : col + size] = block.to(y.dtype)
+            part = rounded[:, j * r : (j + 1) * r] @ lora_b[slot, col : col + size].float().T  # [tokens, size]
+            delta[:, col : col + size] = torch.where(mask, part, delta[:, col : col + size])
             col += size
+    has_adapter = (token_slots >= 0).unsqueeze(1)  # [tokens, 1]
+    y.copy_(torch.where(has_adapter, (y.float() + delta).to(y.dtype), y))
     return y
 
 

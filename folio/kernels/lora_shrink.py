@@ -127,13 +127,13 @@ def lora_shrink_reference(
     lora_a: torch.Tensor,  # [slots, R, K]
     token_slots: torch.Tensor,  # [tokens] int, -1 = no adapter
 ) -> torch.Tensor:  # [tokens, R] float32, zero for tokens without an adapter
-    """Plain torch, one matmul per slot present (the CPU path; it reads slots on the host)."""
+    """Plain torch, one matmul per slot, masked to that slot's tokens: nothing is read back
+    to the host, so the plain path (FOLIO_TRITON_KERNELS=0) also runs inside CUDA graphs."""
     out = torch.zeros((x.shape[0], lora_a.shape[1]), dtype=torch.float32, device=x.device)
-    for slot in token_slots.unique().tolist():
-        if slot < 0:
-            continue
-        rows = (token_slots == slot).nonzero().squeeze(1)  # [n]
-        out[rows] = x[rows].float() @ lora_a[slot].float().T  # [n, R]
+    xf = x.float()
+    for slot in range(lora_a.shape[0]):
+        mask = (token_slots == slot).unsqueeze(1)  # [tokens, 1]
+        out = torch.where(mask, xf @ lora_a[slot].float().T, out)  # [tokens, R]
     return out
 
 
