@@ -30,7 +30,7 @@ from folio.lora.adapter import LoRAAdapter, load_adapter
 from folio.lora.layers import LoRALinear
 from folio.lora.mapping import LoRAMapping, LoRAMappingBuffers
 from folio.lora.request import LoRARequest
-from folio.lora.targets import adaptable_shards, lora_targets
+from folio.lora.targets import LoRATarget, adaptable_shards, lora_targets
 
 logger = init_logger(__name__)
 
@@ -41,10 +41,10 @@ class LoRAManager:
         self.dtype = dtype
         self.buffers = LoRAMappingBuffers(max_num_tokens, config.max_loras, device)
         self.layers: dict[str, LoRALinear] = {}  # folio layer name -> wrapper
-        self.targets: dict = {}
+        self.targets: dict[str, LoRATarget] = {}  # PEFT module name -> where it lands
         self.cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()  # id -> adapter, least recent first
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # id -> slot, least recent first
-        self.num_slot_loads = 0
+        self.num_slot_loads = 0  # adapters copied into a slot since start
 
     # ---- the model ----------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> None:

@@ -91,6 +91,7 @@ def test_more_adapters_than_slots_take_turns(case):
     batch = [{"prompt_token_ids": prompts[i % 3]} for i in range(len(order))]
     got = _tokens(llm.generate(batch, _greedy(), use_tqdm=False, lora_request=[adapters[n] if n else None for n in order]))
     assert got == [refs[n or "base"][i % 3] for i, n in enumerate(order)]
+    assert llm.llm_engine.runner.lora.num_slot_loads >= 2, "the one slot changed hands"
 
 
 def test_a_bad_adapter_fails_its_request_only(case, llm, tmp_path):
