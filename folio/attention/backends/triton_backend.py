@@ -1,8 +1,11 @@
 """TritonAttentionBackend: the GPU path, built on folio/kernels.
 
 - write_kv: reshape_and_cache (one program per token slot).
-- forward: decode-only batches go to the split-KV decode kernel, everything else (prefill
-  chunks, mixed batches) to the unified kernel.
+- forward: decode-only batches go to the split-KV decode kernel; bf16/fp16 batches led by long
+  prompt chunks (max_query_len >= PREFILL_MIN_QUERY_LEN, at most PREFILL_MAX_SEQS sequences) to
+  the prefill kernel (prefill_attention.py: large tiles, unmasked full tiles); everything else
+  (W1's mixed steps of one chunk and many decodes, float32 models) to the unified kernel.
+  FOLIO_PREFILL_ATTENTION=0 (or prefill_kernel=False) keeps the unified kernel for all of it.
 
 forward never synchronises with the device: launch shapes come from host ints in the metadata
 (num_seqs, max_query_len, is_decode_only) and tensor shapes. For CUDA graphs of decode steps the
@@ -16,6 +19,7 @@ can drive this very class on the CPU; get_attention_backend hands it out only fo
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -23,19 +27,33 @@ from folio.attention.backends.base import AttentionBackend
 from folio.attention.metadata import AttentionMetadata
 from folio.kernels.paged_attention import unified_attention
 from folio.kernels.paged_decode import choose_num_splits, paged_decode
+from folio.kernels.prefill_attention import prefill_attention
 from folio.kernels.reshape_and_cache import reshape_and_cache
 
 H100_SMS = 132  # stands in for the SM count on the CPU (interpreter), where there is none
+# When the prefill kernel takes a batch (docs/perf-notes.md, "Prefill attention"): its 64-token
+# q blocks pay off on long chunks; with many sequences the batch is mostly decodes, whose rows
+# would fill 2 of the 128 rows of a q tile, so those steps keep the unified kernel.
+PREFILL_MIN_QUERY_LEN = 256
+PREFILL_MAX_SEQS = 8
+_PREFILL_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
-    def __init__(self, split_kv: bool = True, num_splits: int | None = None) -> None:
+    def __init__(
+        self, split_kv: bool = True, num_splits: int | None = None, prefill_kernel: bool | None = None
+    ) -> None:
         """split_kv=False turns the split-KV decode path off (one program per sequence and KV
-        head); num_splits fixes the split count instead of choose_num_splits (tests, tuning)."""
+        head); num_splits fixes the split count instead of choose_num_splits (tests, tuning);
+        prefill_kernel=False sends prefill batches to the unified kernel (None: the
+        FOLIO_PREFILL_ATTENTION environment variable, on unless it is "0")."""
         self.split_kv = split_kv
         self.num_splits = num_splits
+        if prefill_kernel is None:
+            prefill_kernel = os.environ.get("FOLIO_PREFILL_ATTENTION", "1") != "0"
+        self.prefill_kernel = prefill_kernel
 
     def write_kv(
         self,
@@ -59,7 +77,18 @@ class TritonAttentionBackend(AttentionBackend):
         if metadata.is_decode_only:
             splits = self.decode_splits(metadata.num_seqs, kv_cache.shape[3], query.device)
             return paged_decode(*args, scale, sliding_window, num_splits=splits, out=out)
+        if self.takes_prefill_kernel(query.dtype, metadata):
+            return prefill_attention(*args, scale, sliding_window, out=out)
         return unified_attention(*args, metadata.max_query_len, scale, sliding_window, out=out)
+
+    def takes_prefill_kernel(self, dtype: torch.dtype, metadata: AttentionMetadata) -> bool:
+        """Host ints only: the same batch shape always takes the same kernel."""
+        return (
+            self.prefill_kernel
+            and dtype in _PREFILL_DTYPES
+            and metadata.max_query_len >= PREFILL_MIN_QUERY_LEN
+            and metadata.num_seqs <= PREFILL_MAX_SEQS
+        )
 
     def decode_splits(self, num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
         if not self.split_kv:
