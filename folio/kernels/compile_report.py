@@ -58,9 +58,17 @@ def _compile_instead_of_launch(arch: int, results: list):
 
 
 def _allow_cpu_stand_ins() -> None:
-    from folio.kernels import activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary
+    from folio.kernels import (
+        activation,
+        paged_attention,
+        paged_decode,
+        prefill_attention,
+        reshape_and_cache,
+        rms_norm,
+        rotary,
+    )
 
-    for module in (activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary):
+    for module in (activation, paged_attention, paged_decode, prefill_attention, reshape_and_cache, rms_norm, rotary):
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
 
 
@@ -100,6 +108,13 @@ def _launch_all(dtype: torch.dtype) -> list[str]:
     cases.append("16 q + 8 k heads")
     silu_and_mul_triton(torch.zeros(t, 2 * 3072, dtype=dtype))
     cases.append("inter 3072")
+    if dtype != torch.float32:
+        from folio.kernels.benchmark import PREFILL_SWEEP, _short
+        from folio.kernels.prefill_attention import prefill_attention
+
+        for config in [None, *PREFILL_SWEEP]:
+            prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1, config=config)
+            cases.append(f"prefill {_short(config) or 'default'}")
     return cases
 
 
