@@ -230,6 +230,36 @@ def prefill_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
     return rows
 
 
+def sampling_cases(device, ceilings, tiny) -> list[Row]:
+    """One decode step's draw at temperature 0.6 (W1 at nano-vllm's setting): the torch race
+    (softmax, exponential noise, divide, argmax) against the fused Gumbel-max kernel. Floor: the
+    float32 logits read once. The check is the fraction of rows where the two pick the same token
+    under temperature 1e-4 (both must be the argmax), reported as 1 - that."""
+    from folio.sample import Sampler, SamplingMetadata
+    from folio.sample.metadata import SamplingRow
+    from folio.sampling_params import SamplingParams
+
+    rows = []
+    vocab = 1000 if tiny else 151936
+    for batch in ([3] if tiny else [1, 64, 256]):
+        logits = torch.randn(batch, vocab, device=device) * 3
+        for temperature in (0.6, 1e-4):
+            params = SamplingParams(temperature=temperature, max_tokens=4)
+            meta = SamplingMetadata.build([SamplingRow(params, [1], [], None, 0)] * batch, vocab, device)
+            for fused in (False, True):
+                sampler = Sampler(0, device, fused=fused)
+
+                def run(sampler=sampler, meta=meta):
+                    return sampler(logits, meta).sampled_token_ids
+
+                def check(run=run):
+                    return (run() != logits.argmax(dim=1)).float().mean() if temperature < 0.01 else 0.0
+
+                name = f"sample T={temperature} rows={batch} {'fused' if fused else 'torch'}"
+                rows.append(_row(name, run, check, logits.numel() * 4, 0, device, ceilings))
+    return rows
+
+
 def elementwise_cases(device, dtype, ceilings, tiny) -> list[Row]:
     rows = []
     for tokens in ([5] if tiny else [256, 8192]):
@@ -281,7 +311,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU interpreter smoke run)")
     parser.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
-    parser.add_argument("--only", choices=["prefill"], help="run only these cases (and the ceilings)")
+    parser.add_argument("--only", choices=["prefill", "sampling"], help="run only these cases (and the ceilings)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
@@ -294,7 +324,9 @@ def main() -> None:
         rows += elementwise_cases(device, dtype, ceilings, args.tiny)
         rows += decode_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
         rows += unified_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
-    if dtype != torch.float32:
+    if args.only in (None, "sampling"):
+        rows += sampling_cases(device, ceilings, args.tiny)
+    if args.only in (None, "prefill") and dtype != torch.float32:
         rows += prefill_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
     rows = [r for r in rows if r is not None]
     os.makedirs(args.out, exist_ok=True)

@@ -60,6 +60,7 @@ def _compile_instead_of_launch(arch: int, results: list):
 def _allow_cpu_stand_ins() -> None:
     from folio.kernels import (
         activation,
+        gumbel_sample,
         paged_attention,
         paged_decode,
         prefill_attention,
@@ -68,7 +69,9 @@ def _allow_cpu_stand_ins() -> None:
         rotary,
     )
 
-    for module in (activation, paged_attention, paged_decode, prefill_attention, reshape_and_cache, rms_norm, rotary):
+    modules = (activation, gumbel_sample, paged_attention, paged_decode, prefill_attention, reshape_and_cache,
+               rms_norm, rotary)
+    for module in modules:
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
 
 
@@ -108,6 +111,10 @@ def _launch_all(dtype: torch.dtype) -> list[str]:
     cases.append("16 q + 8 k heads")
     silu_and_mul_triton(torch.zeros(t, 2 * 3072, dtype=dtype))
     cases.append("inter 3072")
+    from folio.kernels.gumbel_sample import gumbel_sample
+
+    gumbel_sample(torch.zeros(256, 151936), torch.zeros(256, dtype=torch.int64), torch.ones(256), num_sms=132)
+    cases.append("256 x 151936, temperature")
     if dtype != torch.float32:
         from folio.kernels.benchmark import PREFILL_SWEEP, _short
         from folio.kernels.prefill_attention import prefill_attention
