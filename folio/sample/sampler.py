@@ -21,6 +21,7 @@ seed and its own logits, never on what else is in the batch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -52,10 +53,13 @@ def make_request_generator(seed: int, device: torch.device) -> torch.Generator:
 
 class Sampler:
     def __init__(self, seed: int, device: torch.device, fused: bool | None = None) -> None:
-        """fused: draw with the fused Triton kernel (None: on CUDA when the Triton kernels are on;
-        True on the CPU runs it through Triton's interpreter, for tests)."""
+        """fused: draw with the fused Triton kernel (None: on CUDA when the Triton kernels are on
+        and FOLIO_FUSED_SAMPLING is not "0"; True on the CPU runs it through Triton's
+        interpreter, for tests)."""
         # Noise for every row without its own generator, drawn in one batched call per step.
         self.generator = make_request_generator(seed, device)
+        if fused is None and os.environ.get("FOLIO_FUSED_SAMPLING", "1") == "0":
+            fused = False
         self.fused = fused
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
