@@ -7,7 +7,10 @@ for vLLM in a child process):
   max_tokens 1 + decode_steps (513 by default); the difference is decode_steps decode steps, so
   ms per token = difference / decode_steps and tok/s = B × decode_steps / difference.
 Every call is preceded by one untimed call of the same shape (kernel compilation, graph capture),
-and every request must produce exactly its max_tokens (EOS ignored).
+and every request must produce exactly its max_tokens (EOS ignored). Every call's prompts start
+with a token of their own (TimedCall.unique_prefix_below), so no call is served from the prefix
+cache that an earlier one filled: both engines cache prefixes by default, and a cached 30k prompt
+"prefills" in one block.
 """
 
 from __future__ import annotations
@@ -48,12 +51,17 @@ class LatencySpec:
         def prompt(n: int) -> list[int]:
             return [rng.randrange(self.vocab_limit) for _ in range(n)]
 
-        calls = [TimedCall(f"ttft {n}", [prompt(n)], [1], self.temperature, self.repeat) for n in self.prompt_lens]
+        def call(name: str, prompts: list[list[int]], max_tokens: int) -> TimedCall:
+            return TimedCall(name, prompts, [max_tokens] * len(prompts), self.temperature, self.repeat,
+                             unique_prefix_below=self.vocab_limit, salt=len(calls))
+
+        calls: list[TimedCall] = []
+        for n in self.prompt_lens:
+            calls.append(call(f"ttft {n}", [prompt(n)], 1))
         for b in self.batch_sizes:
             prompts = [prompt(self.decode_prompt_len) for _ in range(b)]
-            calls.append(TimedCall(f"batch {b} max_tokens 1", prompts, [1] * b, self.temperature, self.repeat))
-            calls.append(TimedCall(f"batch {b} max_tokens {1 + self.decode_steps}", prompts,
-                                   [1 + self.decode_steps] * b, self.temperature, self.repeat))
+            calls.append(call(f"batch {b} max_tokens 1", prompts, 1))
+            calls.append(call(f"batch {b} max_tokens {1 + self.decode_steps}", prompts, 1 + self.decode_steps))
         return calls
 
 
@@ -95,13 +103,13 @@ def run_calls(llm: Any, calls: list[TimedCall]) -> list[CallResult]:
 
     results = []
     for call in calls:
-        prompts = [{"prompt_token_ids": p} for p in call.prompts]
         params = [SamplingParams(temperature=call.temperature, max_tokens=m, ignore_eos=True, detokenize=False)
                   for m in call.max_tokens]
         if call.warmup:
-            llm.generate(prompts, params, use_tqdm=False)
+            llm.generate(call.prompts_for(0), params, use_tqdm=False)
         result = CallResult(call.name)
-        for _ in range(call.repeat):
+        for i in range(call.repeat):
+            prompts = call.prompts_for(i + 1)
             _synchronize()
             start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)

@@ -38,6 +38,18 @@ class TimedCall:
     temperature: float = 0.0
     repeat: int = 1
     warmup: bool = True  # one untimed call of the same shape first (compilation, graph capture)
+    # Give every call (warm-up included) its own first token, so no call finds an earlier one's
+    # prompt in the prefix cache (both engines cache prefixes by default): ids stay below this.
+    unique_prefix_below: int | None = None
+    salt: int = 0  # distinct per call of a job (calls may share prompts): see prompts_for
+
+    def prompts_for(self, rep: int) -> list[dict[str, list[int]]]:
+        """The prompts of repetition rep (0 = the warm-up), as token-id prompts."""
+        if self.unique_prefix_below is None:
+            return [{"prompt_token_ids": p} for p in self.prompts]
+        # 7919 is prime to any bound without factor 7919: distinct salts give distinct tokens.
+        shift = 7919 * (self.salt * (self.repeat + 1) + rep + 1)
+        return [{"prompt_token_ids": [(p[0] + shift) % self.unique_prefix_below, *p[1:]]} for p in self.prompts]
 
 
 @dataclass
@@ -110,13 +122,13 @@ def _child_main(job_path: str, result_path: str) -> None:
     print(f"vLLM engine ready in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     results = []
     for call in calls:
-        prompts = [{"prompt_token_ids": p} for p in call.prompts]
         params = [SamplingParams(temperature=call.temperature, max_tokens=m, ignore_eos=True, detokenize=False)
                   for m in call.max_tokens]
         if call.warmup:
-            llm.generate(prompts, params, use_tqdm=False)
+            llm.generate(call.prompts_for(0), params, use_tqdm=False)
         result = CallResult(call.name)
-        for _ in range(call.repeat):
+        for i in range(call.repeat):
+            prompts = call.prompts_for(i + 1)
             _synchronize()
             t0 = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)

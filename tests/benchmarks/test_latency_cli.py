@@ -138,3 +138,17 @@ def test_latency_summary_arithmetic():
     assert "1.00x" in text and "!" in text
     with pytest.raises(ValueError):
         LatencySpec(batch_sizes=(0,))
+
+
+def test_no_timed_call_can_hit_the_prefix_cache():
+    """Both engines cache prefixes: every call of a job (warm-ups too) starts with its own token."""
+    spec = LatencySpec(prompt_lens=(30, 40), batch_sizes=(1, 3), decode_prompt_len=5, repeat=3, vocab_limit=50)
+    firsts = [
+        tuple(p["prompt_token_ids"][0] for p in call.prompts_for(rep))
+        for call in spec.calls() for rep in range(call.repeat + 1)
+    ]
+    batch_firsts = [f for f in firsts if len(f) == 3]
+    assert len(set(firsts)) == len(firsts)
+    assert len({f for group in batch_firsts for f in group}) > len(batch_firsts)  # rows differ too
+    assert all(0 <= t < 50 for group in firsts for t in group)
+    assert all(call.prompts_for(1)[0]["prompt_token_ids"][1:] == call.prompts[0][1:] for call in spec.calls())
