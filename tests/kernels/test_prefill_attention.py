@@ -82,19 +82,34 @@ def test_backend_routes_long_chunks_to_the_prefill_kernel(device, monkeypatch):
     import folio.attention.backends.triton_backend as tb
 
     monkeypatch.setattr(tb, "PREFILL_MIN_QUERY_LEN", 16)
-    calls = []
+    configs = []
     real = tb.prefill_attention
-    monkeypatch.setattr(tb, "prefill_attention", lambda *a, **k: calls.append(1) or real(*a, **k, config=SMALL))
+
+    def spy(*args, config, **kwargs):
+        configs.append(config)
+        return real(*args, **kwargs, config=SMALL)  # small tiles for the interpreter
+
+    monkeypatch.setattr(tb, "prefill_attention", spy)
     batch = make_paged_batch([20, 1], [50, 9], 4, 2, 16, 8, dtype=torch.bfloat16, device=device, seed=2)
     cache = batch.kv_cache.clone()
-    for backend in (TritonAttentionBackend(), TorchAttentionBackend()):
-        backend.write_kv(batch.key, batch.value, cache, batch.metadata.slot_mapping)
+    TorchAttentionBackend().write_kv(batch.key, batch.value, cache, batch.metadata.slot_mapping)
     out = TritonAttentionBackend().forward(batch.query, cache, batch.metadata, 0.25)
     expected = TorchAttentionBackend().forward(batch.query, cache, batch.metadata, 0.25)
-    assert calls == [1]
+    assert len(configs) == 1 and configs[0].block_m == 128  # a long chunk leads: tall tiles
     assert_close(out, expected, torch.bfloat16)
-    assert not TritonAttentionBackend(prefill_kernel=False).takes_prefill_kernel(torch.bfloat16, batch.metadata)
-    assert not TritonAttentionBackend().takes_prefill_kernel(torch.float32, batch.metadata)
+
+
+def test_backend_tile_choice():
+    md = make_paged_batch([300] + [1] * 20, [300] + [40] * 20, 4, 2, 16, 8).metadata
+    backend = TritonAttentionBackend()
+    assert backend.prefill_config(torch.bfloat16, 128, 2, md).block_m == 64  # one chunk among decodes
+    few = make_paged_batch([300, 1], [300, 40], 4, 2, 16, 8).metadata
+    assert backend.prefill_config(torch.bfloat16, 128, 2, few).block_m == 128
+    short = make_paged_batch([8, 1], [20, 40], 4, 2, 16, 8).metadata
+    assert backend.prefill_config(torch.bfloat16, 128, 2, short) is None  # 16 rows: unified kernel
+    assert backend.prefill_config(torch.float32, 128, 2, few) is None
+    assert backend.prefill_config(torch.bfloat16, 256, 2, few) is None
+    assert TritonAttentionBackend(prefill_kernel=False).prefill_config(torch.bfloat16, 128, 2, few) is None
 
 
 @pytest.mark.gpu
@@ -113,4 +128,19 @@ def test_full_size_qwen3(dtype, q_lens, seq_lens):
     out, expected = _run(batch, config=None, scale=128**-0.5)
     real, pad = batch.real_rows.cuda(), batch.padding_rows.cuda()
     assert_close(out[real], expected[real], dtype)
+    assert out[pad].isnan().all()
+
+
+@pytest.mark.gpu
+def test_full_size_w1_mixed_step_with_mixed_tiles():
+    """W1's mixed step (a chunk among many decodes) with the 64-row tiles the backend picks."""
+    from folio.attention.backends.triton_backend import MIXED_PREFILL_CONFIG
+
+    gen = torch.Generator().manual_seed(1)
+    q_lens = [2048] + [1] * 200
+    seq_lens = [4096] + torch.randint(100, 2048, (200,), generator=gen).tolist()
+    batch = make_paged_batch(q_lens, seq_lens, 16, 8, 128, 16, dtype=torch.bfloat16, device="cuda", pad_tokens=3)
+    out, expected = _run(batch, config=MIXED_PREFILL_CONFIG, scale=128**-0.5)
+    real, pad = batch.real_rows.cuda(), batch.padding_rows.cuda()
+    assert_close(out[real], expected[real], torch.bfloat16)
     assert out[pad].isnan().all()
