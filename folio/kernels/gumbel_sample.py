@@ -4,7 +4,8 @@ argmax_i(logit_i / T - log E_i) with E_i ~ Exponential(1) i.i.d. is the exponent
 folio/sample/sampler.py (argmax p_i / E_i) taken in log space: p_i = softmax(logit / T)_i, and the
 softmax's normaliser is the same for every token of a row, so no softmax, no [rows, vocab]
 temporaries and no second pass are needed. E_i = -log U_i with U_i uniform from Philox keyed by the
-row's seed and counted by the token id, so a row's draw depends on its seed and its own logits only:
+row's seed and counted by the token id (four uniforms per Philox call; logs through log2, one
+special-function instruction each), so a row's draw depends on its seed and its own logits only:
 never on the batch, nor on how the vocabulary is split between programs.
 
 - Grid (rows, splits): each program scans a contiguous share of the vocabulary in BLOCK-wide
@@ -26,13 +27,41 @@ import functools
 
 import torch
 
-from folio.kernels.triton_compat import cdiv, check_same_device, tl, triton
+from folio.kernels.triton_compat import HAS_TRITON, cdiv, check_same_device, is_interpreted, tl, triton
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _BLOCK = 2048
 # The smallest Exponential(1) draw float32 uniforms resolve (-log(1 - 2**-24)); also what a log
 # that rounds to 0 (or above) near u = 1 is clamped to, so no draw is +inf and none NaN.
 MIN_EXP = 5.960464477539063e-08
+LN2 = tl.constexpr(0.6931471805599453) if HAS_TRITON else 0.6931471805599453
+
+
+@triton.jit
+def _log2(x, FAST: tl.constexpr):
+    """log2 by the special-function unit (lg2.approx, ~2^-22 relative error) when FAST, else
+    libdevice's (a ~20-instruction polynomial; the interpreter has no inline PTX)."""
+    if FAST:
+        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    return tl.log2(x)
+
+
+@triton.jit
+def _race_part(best, best_tok, row_logits_ptr, uniform_row_ptr, tok, hi, u, inv_t,
+               UNIFORM_FROM_TENSOR: tl.constexpr, MIN_EXP: tl.constexpr, FAST: tl.constexpr):
+    """Fold the tokens `tok` ([QUARTER]) into the lane-wise bests; u are their uniforms."""
+    valid = tok < hi
+    logit = tl.load(row_logits_ptr + tok, mask=valid, other=float("-inf"))
+    if UNIFORM_FROM_TENSOR:
+        u = tl.load(uniform_row_ptr + tok, mask=valid, other=0.5)
+    # Natural logs through log2 (one MUFU.LG2 each): E = -ln u, noise = -ln E.
+    exp_noise = tl.maximum(-_log2(u, FAST) * LN2, MIN_EXP)  # Exponential(1); u = 0 gives +inf
+    noise = -_log2(exp_noise, FAST) * LN2  # Gumbel(0, 1): finite but for u = 0 (-inf)
+    score = logit.to(tl.float32) * inv_t + noise
+    score = tl.where(valid, score, float("-inf"))
+    better = score > best  # strictly: the earlier chunk keeps ties
+    return tl.where(better, score, best), tl.where(better, tok, best_tok)
 
 
 @triton.jit
@@ -50,34 +79,36 @@ def _gumbel_sample_kernel(
     UNIFORM_FROM_TENSOR: tl.constexpr,
     BLOCK: tl.constexpr,
     MIN_EXP: tl.constexpr,
+    FAST_LOG: tl.constexpr,
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
     row64 = row.to(tl.int64)
+    row_logits_ptr = logits_ptr + row64 * logits_stride
+    uniform_row_ptr = uniform_ptr + row64 * vocab
     inv_t = 1.0
     if HAS_TEMPERATURE:
         inv_t = tl.load(inv_temperature_ptr + row)
     seed = tl.load(seeds_ptr + row)
-    best = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
-    best_tok = tl.zeros([BLOCK], dtype=tl.int32)
+    QUARTER: tl.constexpr = BLOCK // 4
+    lanes = tl.arange(0, QUARTER)
+    best = tl.full([QUARTER], float("-inf"), dtype=tl.float32)
+    best_tok = tl.zeros([QUARTER], dtype=tl.int32)
     lo = split * per_split
     hi = tl.minimum(lo + per_split, vocab)
     for start in range(lo, hi, BLOCK):
-        tok = start + tl.arange(0, BLOCK)  # [BLOCK] token ids
-        valid = tok < hi
-        logit = tl.load(logits_ptr + row64 * logits_stride + tok, mask=valid, other=float("-inf"))
-        if UNIFORM_FROM_TENSOR:
-            u = tl.load(uniform_ptr + row64 * vocab + tok, mask=valid, other=0.5)
-        else:
-            u = tl.rand(seed, tok)  # [0, 1), Philox keyed by the row's seed, counted by token id
-        exp_noise = tl.maximum(-tl.log(u), MIN_EXP)  # Exponential(1); u = 0 gives +inf
-        noise = -tl.log(exp_noise)  # Gumbel(0, 1): finite but for u = 0 (-inf)
-        score = logit.to(tl.float32) * inv_t + noise
-        score = tl.where(valid, score, float("-inf"))
-        better = score > best  # strictly: the first chunk keeps ties
-        best_tok = tl.where(better, tok, best_tok)
-        best = tl.where(better, score, best)
+        # One Philox call gives 4 uniforms: token start + j * QUARTER + lane takes output j of
+        # counter start / 4 + lane (a function of the token id alone, BLOCK being fixed).
+        u0, u1, u2, u3 = tl.rand4x(seed, start // 4 + lanes)
+        best, best_tok = _race_part(best, best_tok, row_logits_ptr, uniform_row_ptr, start + lanes, hi, u0,
+                                    inv_t, UNIFORM_FROM_TENSOR, MIN_EXP, FAST_LOG)
+        best, best_tok = _race_part(best, best_tok, row_logits_ptr, uniform_row_ptr, start + QUARTER + lanes, hi,
+                                    u1, inv_t, UNIFORM_FROM_TENSOR, MIN_EXP, FAST_LOG)
+        best, best_tok = _race_part(best, best_tok, row_logits_ptr, uniform_row_ptr, start + 2 * QUARTER + lanes,
+                                    hi, u2, inv_t, UNIFORM_FROM_TENSOR, MIN_EXP, FAST_LOG)
+        best, best_tok = _race_part(best, best_tok, row_logits_ptr, uniform_row_ptr, start + 3 * QUARTER + lanes,
+                                    hi, u3, inv_t, UNIFORM_FROM_TENSOR, MIN_EXP, FAST_LOG)
     # Lane-wise bests to one (score, token): the smallest token among the lanes at the maximum.
     top = tl.max(best, 0)
     sentinel = 2147483647
@@ -140,7 +171,8 @@ def gumbel_sample(
         UNIFORM_FROM_TENSOR=uniform is not None,
         BLOCK=_BLOCK,
         MIN_EXP=MIN_EXP,
-        num_warps=8,
+        FAST_LOG=not is_interpreted(_gumbel_sample_kernel),
+        num_warps=4,  # 512-token quarters: 4 float32 per thread, 16-byte loads
     )
     if splits == 1:
         return best_token[:, 0]
@@ -163,7 +195,9 @@ def gumbel_sample_reference(
     scores = logits.float()
     if temperature is not None:
         scores = scores * temperature.reciprocal().unsqueeze(1)
-    return (scores - torch.log((-torch.log(uniform)).clamp_min(MIN_EXP))).argmax(dim=1)
+    ln2 = 0.6931471805599453
+    exp_noise = (-torch.log2(uniform) * ln2).clamp_min(MIN_EXP)  # the kernel's arithmetic, in float32
+    return (scores - torch.log2(exp_noise) * ln2).argmax(dim=1)
 
 
 __all__ = ["gumbel_sample", "gumbel_sample_reference", "choose_splits"]
