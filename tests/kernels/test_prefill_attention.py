@@ -24,7 +24,8 @@ def _run(batch, config=SMALL, scale=0.3, sliding_window=None, min_query_len=0):
 
 @pytest.mark.parametrize(
     "num_heads, num_kv_heads, head_dim, block_size",
-    [(4, 2, 32, 8), (3, 1, 20, 4), (6, 2, 32, 1), (2, 2, 16, 128)],  # GQA 2, MQA + odd dim, GQA 3, MHA
+    [(4, 2, 32, 8), (8, 2, 32, 16), (3, 1, 20, 4), (6, 2, 32, 1), (2, 2, 16, 128)],
+    # GQA 2 (Qwen3), GQA 4 (Llama-3), MQA + odd head_dim, GQA 3, MHA
 )
 def test_chunks_on_context_match_reference(device, num_heads, num_kv_heads, head_dim, block_size):
     # A chunk on cached context, a whole prompt, a decode, a padding sequence, a chunk whose
@@ -122,9 +123,10 @@ def test_backend_tile_choice():
         ([700, 1, 1, 256, 1000], [700, 1500, 33, 1800, 1000]),  # mixed batch
     ],
 )
-def test_full_size_qwen3(dtype, q_lens, seq_lens):
-    """Qwen3-0.6B shapes: 16 q heads, 8 KV heads, head_dim 128, block 16, default tiles."""
-    batch = make_paged_batch(q_lens, seq_lens, 16, 8, 128, 16, dtype=dtype, device="cuda", pad_tokens=5)
+@pytest.mark.parametrize("num_heads", [16, 32])  # Qwen3-0.6B (GQA 2), Llama-3.1-8B (GQA 4)
+def test_full_size(dtype, q_lens, seq_lens, num_heads):
+    """8 KV heads, head_dim 128, block 16, default tiles."""
+    batch = make_paged_batch(q_lens, seq_lens, num_heads, 8, 128, 16, dtype=dtype, device="cuda", pad_tokens=5)
     out, expected = _run(batch, config=None, scale=128**-0.5)
     real, pad = batch.real_rows.cuda(), batch.padding_rows.cuda()
     assert_close(out[real], expected[real], dtype)
