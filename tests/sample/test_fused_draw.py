@@ -1,5 +1,6 @@
 """The Sampler's fused draw (temperature + Gumbel-max in one Triton kernel), through Triton's
-interpreter on the CPU: seeds independent of the batch, the drawn distribution, masked tokens."""
+interpreter on the CPU (on the GPU where there is one): seeds independent of the batch, the drawn
+distribution, masked tokens."""
 
 from __future__ import annotations
 
@@ -9,10 +10,21 @@ import pytest
 import torch
 
 from folio.sample import Sampler, SamplingMetadata
-from tests.sample.rows import CPU, make_row, step_logits
+from tests.sample.rows import make_row as _make_row
+from tests.sample.rows import step_logits as _step_logits
 
 pytest.importorskip("triton")
 VOCAB = 300
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: Triton's interpreter
+CPU = DEV  # the Sampler's device below
+
+
+def make_row(**fields):
+    return _make_row(device=DEV, **fields)
+
+
+def step_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    return _step_logits(rows, vocab, seed, DEV)
 
 
 def _step(sampler: Sampler, rows: list, logits: torch.Tensor) -> torch.Tensor:
@@ -40,14 +52,14 @@ def test_seeded_row_ignores_the_rest_of_the_batch(fields):
 def test_draws_follow_softmax_of_logits_over_temperature():
     # 200 draws (the interpreter runs one program per row): enough to tell T from 1/T or from 1.
     temperature, draws = 0.6, 200
-    logits = torch.tensor([[0.0, 0.5, 1.0, -1.0]]).expand(draws, 4).contiguous()
+    logits = torch.tensor([[0.0, 0.5, 1.0, -1.0]], device=DEV).expand(draws, 4).contiguous()
     rows = [make_row(temperature=temperature) for _ in range(draws)]
     sampled = _step(Sampler(1, CPU, fused=True), rows, logits)
-    counts = torch.bincount(sampled, minlength=4).double()
-    expected = torch.softmax(logits[0].double() / temperature, dim=-1) * draws
+    counts = torch.bincount(sampled, minlength=4).double().cpu()
+    expected = torch.softmax(logits[0].double().cpu() / temperature, dim=-1) * draws
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 21, (chi2, counts, expected)  # 3 degrees of freedom: p < 1e-4 for a fair draw
-    wrong = torch.softmax(logits[0].double() * temperature, dim=-1) * draws  # T applied upside down
+    wrong = torch.softmax(logits[0].double().cpu() * temperature, dim=-1) * draws  # T applied upside down
     assert float(((counts - wrong) ** 2 / wrong).sum()) > chi2
     assert not math.isnan(chi2)
 
