@@ -1,8 +1,8 @@
 """vLLM as a peer: the same timed generate calls as folio's, run by vLLM in a child process.
 
 The child (`python -m folio.benchmarks.vllm_peer JOB.json RESULT.json`) imports vLLM alone, with
-no folio module beyond this file, so vLLM gets its own CUDA context and the whole device once
-folio has exited or freed it. vLLM runs at its defaults except what a token-id benchmark needs:
+no folio module beyond this file, so vLLM gets its own CUDA context; the benchmarks run it before
+folio builds its engine, and its exit frees the whole device for folio. vLLM runs at its defaults except what a token-id benchmark needs:
 `skip_tokenizer_init=True` (no tokenizer in a config-only folder), `load_format="dummy"` when
 folio used random weights, prompts as `{"prompt_token_ids": ...}`, `detokenize=False`, EOS ignored.
 

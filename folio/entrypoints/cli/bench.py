@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from folio.benchmarks.report import ThroughputReport
     from folio.benchmarks.result import RunResult
     from folio.benchmarks.vllm_peer import TimedCall, VllmJob
+    from folio.config import EngineConfig
     from folio.engine.arg_utils import EngineArgs
 
 
@@ -93,6 +94,11 @@ def run_throughput(args: argparse.Namespace) -> int:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}.")
     if args.temperature > 0 and "transformers" in args.peer:
         raise ValueError("--temperature applies to folio and the vllm peer; the transformers peer is greedy only.")
+    # vLLM first, in a child process that exits before folio starts: each engine finds the
+    # device empty (vLLM refuses to start when less than its memory share is free).
+    vllm_result = None
+    if "vllm" in args.peer:
+        vllm_result = _run_vllm_throughput(peer_workload or workload, engine_args, args, config)
     folio = run_folio(engine_args, workload, subset=peer_workload, detokenize=not args.disable_detokenize,
                       warmup=not args.no_warmup, progress=not args.no_progress, temperature=args.temperature)
     report = ThroughputReport(
@@ -104,8 +110,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         report.folio_subset = dataclasses.replace(folio.subset_result, system="folio (peer subset)")
     if "transformers" in args.peer:
         _run_peers(report, engine_args, args, peer_modes)
-    if "vllm" in args.peer:
-        report.peers.append(_run_vllm_throughput(report, engine_args, args, config.model.vocab_size))
+    if vllm_result is not None:
+        report.peers.append(vllm_result)
     if not args.no_floor:
         _add_floor(report)
     print(report.format_text())
@@ -170,14 +176,13 @@ def _vllm_job(engine_args: EngineArgs, model: str, dtype: str, calls: list[Timed
 
 
 def _run_vllm_throughput(
-    report: ThroughputReport, engine_args: EngineArgs, args: argparse.Namespace, vocab_size: int
+    workload: Workload, engine_args: EngineArgs, args: argparse.Namespace, config: EngineConfig
 ) -> RunResult:
-    """vLLM on the peers' requests in the same order, after folio's untimed warm-up's twin."""
+    """vLLM on the peers' requests in the same order, after the twin of folio's untimed warm-up."""
     from folio.benchmarks.result import RunResult
     from folio.benchmarks.throughput import warmup_workload
     from folio.benchmarks.vllm_peer import TimedCall, run_vllm, vllm_version
 
-    workload = report.peer_workload or report.workload
     version = vllm_version()
     if version is None:
         return RunResult.failed("vllm", workload.name, workload.num_requests, "vllm does not import")
@@ -185,11 +190,11 @@ def _run_vllm_throughput(
     calls = [
         TimedCall(name, [r.prompt_token_ids for r in w.requests], [r.output_len for r in w.requests],
                   args.temperature, repeat=1, warmup=False)
-        for name, w in (("warmup", warmup_workload(vocab_size)), ("run", workload))
+        for name, w in (("warmup", warmup_workload(config.model.vocab_size)), ("run", workload))
     ]
     _say(f"{system} on {workload.describe()}")
     try:
-        result = run_vllm(_vllm_job(engine_args, report.model, report.dtype, calls))[-1]
+        result = run_vllm(_vllm_job(engine_args, config.model.model, config.model.dtype, calls))[-1]
     except Exception as e:  # noqa: BLE001 - a peer failure is reported, not raised
         return RunResult.failed(system, workload.name, workload.num_requests, f"{type(e).__name__}: {e}")
     return RunResult.measured(system, workload, result.produced, result.elapsed_s[0])
@@ -227,20 +232,21 @@ def run_latency(args: argparse.Namespace) -> int:
     engine_args = EngineArgs.from_cli_args(args)
     if engine_args.max_model_len is None or engine_args.max_model_len < spec.max_model_len:
         engine_args = dataclasses.replace(engine_args, max_model_len=spec.max_model_len)
-    llm = LLM(**vars(engine_args))
-    config = llm.llm_engine.config
+    config = engine_args.create_engine_config()  # resolves model, dtype and device, loads nothing
     model, dtype = config.model.model, config.model.dtype
     spec = dataclasses.replace(spec, vocab_limit=min(spec.vocab_limit, config.model.vocab_size))
     calls = spec.calls()
-    systems = {"folio": summarise(spec, run_calls(llm, calls))}
-    del llm
-    release_device_memory()
-    if "vllm" in args.peer:
+    peers = {}
+    if "vllm" in args.peer:  # first, in a child that exits before folio starts (see run_throughput)
         version = vllm_version()
         if version is None:
             _say("vllm does not import: no peer column")
         else:
-            systems[f"vllm {version}"] = summarise(spec, run_vllm(_vllm_job(engine_args, model, dtype, calls)))
+            peers[f"vllm {version}"] = summarise(spec, run_vllm(_vllm_job(engine_args, model, dtype, calls)))
+    llm = LLM(**vars(engine_args))
+    systems = {"folio": summarise(spec, run_calls(llm, calls)), **peers}
+    del llm
+    release_device_memory()
     print(format_rows(systems))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:
