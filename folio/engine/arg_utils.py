@@ -26,6 +26,22 @@ from folio.transformers_utils.model_path import resolve_model_path
 logger = init_logger(__name__)
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# GPUs with this much memory (H100/H200 class) default to LARGE_GPU_MAX_NUM_BATCHED_TOKENS:
+# measured on an H100 80GB (docs/perf-notes.md, "max_num_batched_tokens by device").
+LARGE_GPU_MIN_MEMORY_GIB = 70
+LARGE_GPU_MAX_NUM_BATCHED_TOKENS = 16384
+
+
+def default_max_num_batched_tokens(device: str) -> int:
+    """Tokens per step when the user sets none: more on large GPUs, where longer prefill chunks
+    keep the matrix units busier at no cost to the decode rows sharing the step."""
+    if device == "cuda":
+        import torch
+
+        memory_gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+        if memory_gib >= LARGE_GPU_MIN_MEMORY_GIB:
+            return LARGE_GPU_MAX_NUM_BATCHED_TOKENS
+    return DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 @dataclass
@@ -100,7 +116,7 @@ class EngineArgs:
         )
         scheduler = SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self._max_num_batched_tokens(model.max_model_len),
+            max_num_batched_tokens=self._max_num_batched_tokens(model.max_model_len, device),
             max_model_len=model.max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
@@ -112,12 +128,13 @@ class EngineArgs:
         lora = LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora else None
         return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig(), lora=lora)
 
-    def _max_num_batched_tokens(self, max_model_len: int) -> int:
+    def _max_num_batched_tokens(self, max_model_len: int, device: str) -> int:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
+        default = default_max_num_batched_tokens(device)
         if not self.enable_chunked_prefill:
-            return max(DEFAULT_MAX_NUM_BATCHED_TOKENS, max_model_len)
-        return max(DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs)
+            return max(default, max_model_len)
+        return max(default, self.max_num_seqs)
 
     # ---- command line -----------------------------------------------------------------------
     @staticmethod
