@@ -53,6 +53,7 @@ class EngineArgs:
     max_logprobs: int = 20
     async_scheduling: bool = True
     quantization: str | None = None  # None: the checkpoint's quantization_config, if any
+    kv_cache_dtype: str = "auto"  # "fp8": e4m3 KV cache, half the bytes per token
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -91,6 +92,7 @@ class EngineArgs:
             cpu_kv_cache_space_gib=self.cpu_kv_cache_space,
             swap_space_gib=self.swap_space,
             enable_prefix_caching=self.enable_prefix_caching,
+            cache_dtype=self.kv_cache_dtype,
         )
         scheduler = SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
@@ -151,6 +153,12 @@ class EngineArgs:
             default=None,
             help="compressed-tensors, gptq, awq (read from the checkpoint; default: its "
             "quantization_config), or fp8 / int4-rtn to quantize an unquantized checkpoint on load",
+        )
+        g.add_argument(
+            "--kv-cache-dtype",
+            default=d.kv_cache_dtype,
+            choices=["auto", "fp8", "fp8_e4m3"],
+            help="fp8: store K/V as e4m3 with per-tensor scales (the checkpoint's, else 1.0)",
         )
         return parser
 

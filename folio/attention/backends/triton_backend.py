@@ -43,8 +43,10 @@ class TritonAttentionBackend(AttentionBackend):
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
-        reshape_and_cache(key, value, kv_cache, slot_mapping)
+        reshape_and_cache(key, value, kv_cache, slot_mapping, k_scale, v_scale)
 
     def forward(
         self,
@@ -53,13 +55,19 @@ class TritonAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]; padding rows hold anything
         out = torch.empty_like(query)
         args = (query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_tables, metadata.num_seqs)
         if metadata.is_decode_only:
             splits = self.decode_splits(metadata.num_seqs, kv_cache.shape[3], query.device)
-            return paged_decode(*args, scale, sliding_window, num_splits=splits, out=out)
-        return unified_attention(*args, metadata.max_query_len, scale, sliding_window, out=out)
+            return paged_decode(
+                *args, scale, sliding_window, num_splits=splits, out=out, k_scale=k_scale, v_scale=v_scale
+            )
+        return unified_attention(
+            *args, metadata.max_query_len, scale, sliding_window, out=out, k_scale=k_scale, v_scale=v_scale
+        )
 
     def decode_splits(self, num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
         if not self.split_kv:
