@@ -47,6 +47,7 @@ def _w4a16_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 activations: exact, like the CPU path
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -56,7 +57,8 @@ def _w4a16_kernel(
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N
-    shifts = ((rk % 8) * 4)[:, None]  # [BLOCK_K, 1]
+    rk8 = tl.arange(0, BLOCK_K // 8)
+    shifts = tl.arange(0, 8) * 4  # [8]: nibble j of a word holds input row 8i + j
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
@@ -69,11 +71,12 @@ def _w4a16_kernel(
             other=0.0,
         )  # [BLOCK_M, BLOCK_K]
         packed = tl.load(
-            qw_ptr + (ks // 8)[:, None] * stride_qk + rn[None, :],
-            mask=k_ok[:, None] & n_ok[None, :],
+            qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
+            mask=(k0 + rk8 * 8 < k_end)[:, None] & n_ok[None, :],
             other=0,
-        )  # [BLOCK_K, BLOCK_N] int32, each word read by its 8 rows (cached)
-        q = ((packed >> shifts) & 0xF).to(tl.float32)
+        )  # [BLOCK_K / 8, BLOCK_N] int32: each word read once
+        nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
+        q = tl.reshape(nibbles, (BLOCK_K, BLOCK_N)).to(tl.float32)  # row 8i + j = nibble j of word i
         group = k0 // GROUP  # BLOCK_K divides GROUP: one group per step
         s = tl.load(s_ptr + group * stride_sg + rn, mask=n_ok, other=0.0)  # [BLOCK_N]
         if HAS_ZEROS:
@@ -81,7 +84,7 @@ def _w4a16_kernel(
         else:
             z = tl.full((BLOCK_N,), 8.0, tl.float32)
         w = ((q - z[None, :]) * s[None, :]).to(a.dtype)  # [BLOCK_K, BLOCK_N]
-        acc += tl.dot(a, w)
+        acc += tl.dot(a, w, input_precision=DOT_PRECISION)
     c = c_ptr + pid_k * stride_cs + rm[:, None] * stride_cm + rn[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -160,7 +163,8 @@ def w4a16_gemm_triton(
         x, qweight, scales, zeros if zeros is not None else scales, out,
         m, n, k, k_per_split,
         x.stride(0), x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
-        GROUP=group_size, HAS_ZEROS=zeros is not None, num_warps=num_warps, **cfg,
+        GROUP=group_size, HAS_ZEROS=zeros is not None, num_warps=num_warps,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **cfg,
     )
     return out[0] if split_k == 1 else out.sum(0).to(x.dtype)  # [M, N]
 

@@ -75,4 +75,5 @@ def test_full_size_matches_reference(m, k, n, asym):
     x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
     out = w4a16_gemm_triton(x, qweight, scales, zeros, 128)
     expected = w4a16_reference(x.float(), qweight, scales, zeros, 128)
-    torch.testing.assert_close(out.float(), expected, atol=5e-2 * expected.abs().max().item() ** 0.5, rtol=2e-2)
+    # The kernel rounds each dequantized weight and the output to bf16 (2^-9 relative each).
+    torch.testing.assert_close(out.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=2e-2)

@@ -97,3 +97,33 @@ def test_unsupported_schemes_are_named(float_checkpoint, tmp_path):
         load_folio(path)
     with pytest.raises(ValueError, match="quantization='awq' does not match the checkpoint"):
         load_folio(path, quantization="awq")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["gptq", "awq", "ct-fp8-dynamic", "ct-w4a16-asym", "online-fp8"])
+def test_gpu_kernels_follow_the_cpu_path(float_checkpoint, tmp_path, fmt):
+    """Triton W4A16 / cuBLASLt FP8 in float32 on the GPU against the CPU reference path."""
+    from folio import LLM, SamplingParams
+    from tests.helpers.tokenizers import save_test_tokenizer
+
+    save_test_tokenizer(float_checkpoint)
+    kwargs = {}
+    if fmt in ("gptq", "awq"):
+        path = write_int4(float_checkpoint, str(tmp_path / fmt), fmt, 32, False)
+    elif fmt == "online-fp8":
+        path, kwargs = float_checkpoint, {"quantization": "fp8"}
+    else:
+        preset = {"ct-fp8-dynamic": "FP8_DYNAMIC", "ct-w4a16-asym": "W4A16_ASYM"}[fmt]
+        path = write_compressed_tensors(float_checkpoint, str(tmp_path / fmt), preset, group_size=32 if "W4" in preset else None)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=1)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    runs = {}
+    for device in ("cpu", "cuda"):
+        llm = LLM(model=path, dtype="float32", device=device, **kwargs)
+        runs[device] = llm.generate(prompts, params, use_tqdm=False)
+        del llm
+    for cpu, gpu in zip(runs["cpu"], runs["cuda"]):
+        assert cpu.outputs[0].token_ids == gpu.outputs[0].token_ids
+        for a, b in zip(cpu.outputs[0].logprobs, gpu.outputs[0].logprobs):
+            token = next(iter(a))
+            assert abs(a[token].logprob - b[token].logprob) < 1e-2
