@@ -100,6 +100,7 @@ def test_unsupported_schemes_are_named(float_checkpoint, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("fmt", ["gptq", "awq", "ct-fp8-dynamic", "ct-w4a16-asym", "online-fp8"])
 def test_gpu_kernels_follow_the_cpu_path(float_checkpoint, tmp_path, fmt):
     """Triton W4A16 / cuBLASLt FP8 in float32 on the GPU against the CPU reference path."""
