@@ -12,6 +12,8 @@ from folio.kernels.fp8_gemm import (
     fp8_scaled_mm_cublaslt,
     fp8_scaled_mm_reference,
     quantize_per_token,
+    quantize_per_token_reference,
+    quantize_per_token_triton,
     quantize_weight_per_channel,
 )
 
@@ -23,6 +25,17 @@ def test_per_token_quantization_puts_each_rows_amax_at_448():
     amax = q.float().abs().amax(-1)
     assert torch.equal(amax[[0, 1, 2, 4]], torch.full((4,), FP8_MAX)) and amax[3] == 0
     torch.testing.assert_close(q.float() * scale, x, rtol=0.07, atol=1e-6)
+
+
+@pytest.mark.parametrize(("tokens", "k"), [(1, 48), (5, 100), (3, 5000)])
+def test_triton_per_token_quantization_is_bit_exact(device, tokens, k):
+    gen = torch.Generator().manual_seed(k)
+    x = (torch.randn(tokens, k + 3, generator=gen) * 5).to(device)[:, :k]  # strided rows
+    x[0, :] = 0.0  # an all-zero row takes the minimum scale
+    q, scale = quantize_per_token_triton(x)
+    q_ref, scale_ref = quantize_per_token_reference(x)
+    torch.testing.assert_close(scale, scale_ref, rtol=1e-6, atol=0)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
 def test_reference_is_the_float_product_within_fp8_error():
