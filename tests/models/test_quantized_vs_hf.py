@@ -91,6 +91,21 @@ def test_int4_layouts_match_transformers_on_their_weights(float_checkpoint, tmp_
     assert_logits_close(folio_logits(path), expected, 1e-4)
 
 
+def test_llm_generates_transformers_greedy_tokens_from_a_gptq_checkpoint(float_checkpoint, tmp_path):
+    """The public API end to end: LLM on a GPTQ act-order checkpoint, batched with chunked prefill."""
+    from folio import LLM, SamplingParams
+    from tests.helpers.reference import hf_greedy
+    from tests.helpers.tokenizers import save_test_tokenizer
+
+    save_test_tokenizer(float_checkpoint)
+    path = write_int4(float_checkpoint, str(tmp_path / "gptq"), "gptq", 32, False, desc_act=True)
+    llm = LLM(model=path, dtype="float32", device="cpu", max_num_batched_tokens=16, max_num_seqs=4)
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    expected = hf_greedy(path + "-dequantized", PROMPTS, 10)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+
+
 def test_unsupported_schemes_are_named(float_checkpoint, tmp_path):
     path = write_compressed_tensors(float_checkpoint, str(tmp_path / "ct"), "W8A16", group_size=32)
     with pytest.raises(ValueError, match=r"Unsupported compressed-tensors scheme: group 'group_0'.*int8"):
