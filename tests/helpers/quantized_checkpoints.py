@@ -27,7 +27,12 @@ LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 # ---- compressed-tensors ---------------------------------------------------------------------
 def write_compressed_tensors(
-    src: str, dst: str, preset: str, group_size: int | None = None, calib_ids: list[int] | None = None
+    src: str,
+    dst: str,
+    preset: str,
+    group_size: int | None = None,
+    calib_ids: list[int] | None = None,
+    ignore: tuple[str, ...] = (),
 ) -> str:
     """Quantize the float checkpoint `src` with a compressed-tensors preset (FP8_DYNAMIC, FP8,
     W4A16, W4A16_ASYM) and save it, compressed, to `dst`."""
@@ -44,7 +49,7 @@ def write_compressed_tensors(
     scheme = preset_name_to_scheme(preset, ["Linear"])
     if group_size is not None:
         scheme.weights.group_size = group_size
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head", *ignore]))
     for name, module in model.named_modules():
         if getattr(module, "quantization_scheme", None) is not None:
             _set_qparams(module, input_amax.get(name))

@@ -67,6 +67,17 @@ def test_online_fp8_is_llm_compressors_fp8_dynamic(float_checkpoint, tmp_path, c
     assert_logits_close(got, hf_logits(path, PROMPTS), 3e-2)
 
 
+def test_ignored_layers_stay_unquantized(float_checkpoint, tmp_path, caplog):
+    path = write_compressed_tensors(float_checkpoint, str(tmp_path / "ct"), "FP8", ignore=("re:.*down_proj",))
+    with caplog.at_level(logging.INFO, logger="folio"):
+        got = folio_logits(path)
+    assert "Linear layers by method: fp8-w8a8 x 6, unquantized x 2" in caplog.text
+    assert_logits_close(got, hf_logits(path, PROMPTS), 1e-4)
+    mixed = write_compressed_tensors(float_checkpoint, str(tmp_path / "mixed"), "FP8", ignore=("re:.*q_proj",))
+    with pytest.raises(ValueError, match="shards of model.layers.0.self_attn.qkv_proj are quantized differently"):
+        load_folio(mixed)
+
+
 @pytest.mark.parametrize("preset", ["W4A16", "W4A16_ASYM"])
 def test_compressed_tensors_int4_matches_its_own_dequantization(float_checkpoint, tmp_path, preset):
     # transformers 5.23 cannot load an asymmetric pack-quantized checkpoint (zero-point shape),
