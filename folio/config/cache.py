@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
 
 @dataclass(frozen=True)
 class CacheConfig:
@@ -13,6 +15,11 @@ class CacheConfig:
     cpu_kv_cache_space_gib: float = 4.0  # KV budget when the model runs on the CPU
     swap_space_gib: float = 4.0  # CPU memory for swapped-out blocks (preemption by swap)
     enable_prefix_caching: bool = True
+    cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": e4m3 with per-tensor k/v scales
+
+    @property
+    def fp8(self) -> bool:
+        return self.cache_dtype in ("fp8", "fp8_e4m3")
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
@@ -34,5 +41,7 @@ class CacheConfig:
             raise ValueError(
                 f"cpu_kv_cache_space_gib must be positive, got {self.cpu_kv_cache_space_gib}."
             )
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.cache_dtype!r}.")
         if self.swap_space_gib < 0:
             raise ValueError(f"swap_space must be non-negative, got {self.swap_space_gib}.")

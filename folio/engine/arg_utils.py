@@ -75,6 +75,7 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    kv_cache_dtype: str = "auto"  # "fp8": e4m3 KV cache, half the bytes per token
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -113,6 +114,7 @@ class EngineArgs:
             cpu_kv_cache_space_gib=self.cpu_kv_cache_space,
             swap_space_gib=self.swap_space,
             enable_prefix_caching=self.enable_prefix_caching,
+            cache_dtype=self.kv_cache_dtype,
         )
         scheduler = SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
@@ -180,6 +182,12 @@ class EngineArgs:
         g.add_argument("--max-loras", type=int, default=d.max_loras, help="distinct adapters in one step (GPU slots)")
         g.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank, help="largest adapter rank")
         g.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept on the CPU (default: --max-loras)")
+        g.add_argument(
+            "--kv-cache-dtype",
+            default=d.kv_cache_dtype,
+            choices=["auto", "fp8", "fp8_e4m3"],
+            help="fp8: store K/V as e4m3 with per-tensor scales (the checkpoint's, else 1.0)",
+        )
         return parser
 
     @classmethod

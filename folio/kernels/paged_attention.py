@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from folio.attention.backends.torch_ref import paged_attention_reference  # noqa: F401  (the reference)
+from folio.kernels.reshape_and_cache import FP8_KV_DTYPE
 from folio.kernels.triton_compat import check_dtype, check_same_device, next_power_of_2, tl, triton
 
 LOG2_E = 1.4426950408889634
@@ -72,7 +73,8 @@ def _unified_attention_kernel(
     seq_lens_ptr,  # [num_seqs] int32
     query_start_loc_ptr,  # [num_seqs + 1] int32
     num_seqs,
-    scale_log2,  # softmax scale * log2(e)
+    scale_log2,  # softmax scale * log2(e) * k_scale (an FP8 cache stores K / k_scale)
+    v_scale,  # an FP8 cache stores V / v_scale; 1.0 otherwise
     q_stride_t,
     q_stride_h,
     o_stride_t,
@@ -139,8 +141,10 @@ def _unified_attention_kernel(
         next_block = tl.load(table + ahead // BLOCK_SIZE, mask=ahead < k_hi, other=0)
         kv_row = block * cache_stride_block + (k_pos % BLOCK_SIZE) * cache_stride_slot + kv_head * cache_stride_head
         kv_mask = k_valid[:, None] & dim_valid[None, :]
-        k = tl.load(k_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
-        v = tl.load(v_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
+        # An FP8 cache widens to the query dtype here; its scales are folded into scale_log2
+        # and applied to the output once (a no-op cast for a model-dtype cache).
+        k = tl.load(k_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(q.dtype)
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, TILE_N]
         visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
@@ -157,7 +161,7 @@ def _unified_attention_kernel(
         m_i = m_new
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    result = acc / l_safe[:, None]  # [BLOCK_M, DIM_PAD]
+    result = acc * (v_scale / l_safe[:, None])  # [BLOCK_M, DIM_PAD]
     o_row = (q_start + tok).to(tl.int64)
     tl.store(
         out_ptr + o_row[:, None] * o_stride_t + head[:, None] * o_stride_h + dims[None, :],
@@ -178,8 +182,11 @@ def unified_attention(
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
     config: TileConfig | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal paged attention for a mixed batch; rows outside every sequence are left untouched.
+    An FP8 kv_cache holds K / k_scale and V / v_scale.
 
     max_query_len (a host int) only picks the default tile shape; any value >= 1 is correct.
     """
@@ -216,7 +223,8 @@ def unified_attention(
         seq_lens,
         query_start_loc,
         num_seqs,
-        scale * LOG2_E,
+        scale * LOG2_E * k_scale,
+        v_scale,
         query.stride(0),
         query.stride(1),
         out.stride(0),
@@ -281,8 +289,8 @@ def check_attention_inputs(
     if block_size & (block_size - 1) or not 1 <= block_size <= 256:
         raise ValueError(f"block_size must be a power of two in [1, 256], got {block_size}.")
     check_dtype("query", query, _FLOATS)
-    if kv_cache.dtype != query.dtype:
-        raise ValueError(f"kv_cache dtype {kv_cache.dtype} != query dtype {query.dtype}.")
+    if kv_cache.dtype not in (query.dtype, FP8_KV_DTYPE):
+        raise ValueError(f"kv_cache dtype {kv_cache.dtype} is neither the query's ({query.dtype}) nor float8_e4m3fn.")
     if query.stride(2) != 1 or kv_cache.stride(4) != 1:
         raise ValueError("query and kv_cache must be contiguous in head_dim.")
     for name, t, rank in (("query_start_loc", query_start_loc, 1), ("seq_lens", seq_lens, 1), ("block_tables", block_tables, 2)):

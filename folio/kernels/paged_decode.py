@@ -52,7 +52,8 @@ def _paged_decode_kernel(
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
     query_start_loc_ptr,  # [num_seqs + 1] int32
-    scale_log2,
+    scale_log2,  # softmax scale * log2(e) * k_scale (an FP8 cache stores K / k_scale)
+    v_scale,  # an FP8 cache stores V / v_scale; 1.0 otherwise
     min_split_tokens,
     q_stride_t,
     q_stride_h,
@@ -118,8 +119,10 @@ def _paged_decode_kernel(
         next_block = tl.load(table + ahead // BLOCK_SIZE, mask=ahead < end, other=0)
         kv_row = block * cache_stride_block + (k_pos % BLOCK_SIZE) * cache_stride_slot + kv_head * cache_stride_head
         kv_mask = k_valid[:, None] & dim_valid[None, :]
-        k = tl.load(k_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
-        v = tl.load(v_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
+        # An FP8 cache widens to the query dtype here; its scales are folded into scale_log2
+        # and applied to the output once (a no-op cast for a model-dtype cache).
+        k = tl.load(k_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(q.dtype)
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, TILE_N]
         s = tl.where(k_valid[None, :], s, float("-inf"))
@@ -131,7 +134,7 @@ def _paged_decode_kernel(
         m_i = m_new
 
     if NUM_SPLITS == 1:
-        result = acc / l_i[:, None]  # [BLOCK_M, DIM_PAD]
+        result = acc * (v_scale / l_i[:, None])  # [BLOCK_M, DIM_PAD]
         tl.store(
             out_ptr + q_row * o_stride_t + head[:, None] * o_stride_h + dims[None, :],
             result.to(out_ptr.dtype.element_ty),
@@ -139,7 +142,7 @@ def _paged_decode_kernel(
         )
     else:
         part = (seq.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + split  # [BLOCK_M]
-        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], acc, mask=row_valid[:, None])
+        tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], acc * v_scale, mask=row_valid[:, None])
         tl.store(part_m_ptr + part, m_i, mask=row_valid)
         tl.store(part_l_ptr + part, l_i, mask=row_valid)
 
@@ -203,8 +206,11 @@ def paged_decode(
     min_split_tokens: int = MIN_SPLIT_TOKENS,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
     config: TileConfig | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention, split over the context when num_splits > 1 (a power of two <= 32).
+    An FP8 kv_cache holds K / k_scale and V / v_scale.
 
     Only each sequence's row query_start_loc[i] is written; sequences with query_len 0 or
     seq_len 0 are padding and write nothing.
@@ -254,7 +260,8 @@ def paged_decode(
         block_tables,
         seq_lens,
         query_start_loc,
-        scale * LOG2_E,
+        scale * LOG2_E * k_scale,
+        v_scale,
         min_split_tokens,
         query.stride(0),
         query.stride(1),
@@ -327,6 +334,8 @@ def paged_decode_reference(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     scale: float,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], zeros where nothing was computed
     """Plain torch: the one-token case of the unified reference, padding sequences skipped."""
     from folio.attention.backends.torch_ref import attend, gather_context
@@ -335,6 +344,6 @@ def paged_decode_reference(
     for i, seq_len in enumerate(seq_lens_cpu):
         start, end = query_start_loc_cpu[i], query_start_loc_cpu[i + 1]
         if end > start and seq_len > 0:
-            key, value = gather_context(kv_cache, block_tables[i], seq_len)
+            key, value = gather_context(kv_cache, block_tables[i], seq_len, k_scale, v_scale)
             out[start:end] = attend(query[start:end], key, value, scale, sliding_window)
     return out

@@ -5,6 +5,9 @@ and of V (2 x 2 KiB for Qwen3-0.6B in bf16) with 16-byte accesses. Slot -1 is pa
 nothing, so the grid (one program per entry of slot_mapping) depends only on the padded token
 count and stays valid under CUDA graph capture. K/V may be strided views of a fused qkv output:
 token and head strides are passed, only the last dimension must be contiguous.
+
+An FP8 cache (float8_e4m3fn) stores K / k_scale and V / v_scale, rounded to nearest and
+saturated at +-448; readers multiply back (folded into the softmax scale and the output).
 """
 
 import torch
@@ -12,6 +15,20 @@ import torch
 from folio.kernels.triton_compat import check_dtype, check_same_device, next_power_of_2, tl, triton
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def quantize_kv_reference(x: torch.Tensor, scale: float, cache_dtype: torch.dtype) -> torch.Tensor:
+    """x as the cache stores it: / scale, saturated and rounded for FP8; a plain cast otherwise."""
+    if cache_dtype != FP8_KV_DTYPE:
+        return x.to(cache_dtype)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(cache_dtype)
+
+
+def dequantize_kv_reference(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """The values an FP8 cache stands for (float32); other caches are returned as they are."""
+    return x.float() * scale if x.dtype == FP8_KV_DTYPE else x
 
 
 @triton.jit
@@ -21,6 +38,8 @@ def _reshape_and_cache_kernel(
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping_ptr,  # [num_tokens] int64
+    inv_k_scale,  # 1 / k_scale (FP8 cache only)
+    inv_v_scale,
     key_stride_t,
     key_stride_h,
     value_stride_t,
@@ -33,6 +52,7 @@ def _reshape_and_cache_kernel(
     BLOCK_SIZE: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    IS_FP8: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -46,6 +66,9 @@ def _reshape_and_cache_kernel(
     token64 = token.to(tl.int64)
     k = tl.load(key_ptr + token64 * key_stride_t + heads[:, None] * key_stride_h + dims[None, :], mask=mask)
     v = tl.load(value_ptr + token64 * value_stride_t + heads[:, None] * value_stride_h + dims[None, :], mask=mask)
+    if IS_FP8:
+        k = tl.clamp(k.to(tl.float32) * inv_k_scale, -448.0, 448.0)
+        v = tl.clamp(v.to(tl.float32) * inv_v_scale, -448.0, 448.0)
     dst = block * cache_stride_block + offset * cache_stride_slot + heads[:, None] * cache_stride_head + dims[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -56,8 +79,11 @@ def reshape_and_cache(
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [n <= num_tokens] int64, -1 = skip
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Triton launcher: kv_cache[:, slot // block_size, slot % block_size] = key, value."""
+    """Triton launcher: kv_cache[:, slot // block_size, slot % block_size] = key, value
+    (divided by k_scale / v_scale when the cache is FP8)."""
     _check(key, value, kv_cache, slot_mapping)
     check_same_device(_reshape_and_cache_kernel, key=key, value=value, kv_cache=kv_cache, slot_mapping=slot_mapping)
     num_slots = slot_mapping.shape[0]
@@ -71,6 +97,8 @@ def reshape_and_cache(
         k_cache,
         v_cache,
         slot_mapping,
+        1.0 / k_scale,
+        1.0 / v_scale,
         key.stride(0),
         key.stride(1),
         value.stride(0),
@@ -83,6 +111,7 @@ def reshape_and_cache(
         BLOCK_SIZE=block_size,
         HEADS_PAD=next_power_of_2(num_kv_heads),
         DIM_PAD=next_power_of_2(head_dim),
+        IS_FP8=kv_cache.dtype == FP8_KV_DTYPE,
         num_warps=4,
     )
 
@@ -92,14 +121,16 @@ def reshape_and_cache_reference(
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [n <= num_tokens] int64, -1 = skip
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Plain torch: the same stores by index_put on the flattened slots."""
     n = slot_mapping.shape[0]
     keep = slot_mapping >= 0  # [n]
     slots = slot_mapping[keep]  # [kept]
     heads, dim = kv_cache.shape[-2], kv_cache.shape[-1]
-    kv_cache[0].view(-1, heads, dim)[slots] = key[:n][keep].to(kv_cache.dtype)
-    kv_cache[1].view(-1, heads, dim)[slots] = value[:n][keep].to(kv_cache.dtype)
+    kv_cache[0].view(-1, heads, dim)[slots] = quantize_kv_reference(key[:n][keep], k_scale, kv_cache.dtype)
+    kv_cache[1].view(-1, heads, dim)[slots] = quantize_kv_reference(value[:n][keep], v_scale, kv_cache.dtype)
 
 
 def _check(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -112,7 +143,7 @@ def _check(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_
         if t.stride(2) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension.")
         check_dtype(name, t, _FLOATS)
-    check_dtype("kv_cache", kv_cache, _FLOATS)
+    check_dtype("kv_cache", kv_cache, (*_FLOATS, FP8_KV_DTYPE))
     if kv_cache.stride(4) != 1:
         raise ValueError("kv_cache must be contiguous in its last dimension.")
     if slot_mapping.dim() != 1 or slot_mapping.dtype != torch.int64:

@@ -106,9 +106,36 @@ def _fix_interpreter_bf16_dot() -> None:
     builder_cls.create_dot = create_dot
 
 
+def _fix_interpreter_fp8_cast() -> None:
+    """Triton 3.6's interpreter casts to float8e4nv by truncating the mantissa, and a value that
+    rounds up into the next binade comes out half its size (31.6 -> 16). The GPU rounds to
+    nearest even (cvt.rn.satfinite): cast through torch, which does the same, instead."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+    if getattr(original, "_folio_fixed", False):
+        return
+    sources = {tl.float32: np.float32, tl.float16: np.float16}
+
+    def convert(input, input_dtype, output_dtype, rounding_mode):
+        if output_dtype != tl.float8e4nv or input_dtype not in (*sources, tl.bfloat16):
+            return original(input, input_dtype, output_dtype, rounding_mode)
+        if input_dtype == tl.bfloat16:
+            wide = (np.asarray(input).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            wide = np.asarray(input).view(sources[input_dtype]).astype(np.float32)
+        t = torch.from_numpy(np.ascontiguousarray(wide)).to(torch.float8_e4m3fn)
+        return t.view(torch.uint8).numpy()
+
+    convert._folio_fixed = True  # type: ignore[attr-defined]
+    interpreter._convert_float = convert
+
+
 if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1":
     _fix_interpreter_scalar_index()
     _fix_interpreter_bf16_dot()
+    _fix_interpreter_fp8_cast()
 
 
 def use_triton_for(x: torch.Tensor) -> bool:

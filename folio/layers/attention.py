@@ -1,6 +1,8 @@
 """Attention layer: stores this step's K/V in the paged cache, then attends through it.
 
 The layer holds no state about a batch: the AttentionMetadata of the step is passed in.
+With an FP8 KV cache it stores K / k_scale and V / v_scale: per-tensor scales loaded from the
+checkpoint (`self_attn.k_scale` / `v_scale`, as llm-compressor writes them) or 1.0.
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ class Attention(nn.Module):
         self.backend = backend
         self.sliding_window = sliding_window
         self.kv_cache: torch.Tensor | None = None
+        # Checkpoint scales (optional; 1.0 without), in the model dtype like every parameter:
+        # writes and reads use the same rounded value. keep_init: dummy weights leave them at 1.
+        self.k_scale = nn.Parameter(torch.ones(()), requires_grad=False)
+        self.v_scale = nn.Parameter(torch.ones(()), requires_grad=False)
+        for param in (self.k_scale, self.v_scale):
+            param.optional = True  # type: ignore[attr-defined]
+            param.keep_init = True  # type: ignore[attr-defined]
+        self.k_scale_value = self.v_scale_value = 1.0  # host copies the kernels take
+
+    def process_weights_after_loading(self) -> None:
+        """Copy the loaded scales to host floats once, so no step synchronises to read them."""
+        self.k_scale_value = float(self.k_scale)
+        self.v_scale_value = float(self.v_scale)
+        if self.k_scale_value <= 0 or self.v_scale_value <= 0:
+            raise ValueError(f"KV cache scales must be positive, got k {self.k_scale_value}, v {self.v_scale_value}.")
 
     def forward(
         self,
@@ -59,9 +76,10 @@ class Attention(nn.Module):
                 q, k, v, attn_metadata.query_start_loc_cpu, self.scale, self.sliding_window
             )
         else:
-            self.backend.write_kv(k, v, self.kv_cache, attn_metadata.slot_mapping)
+            scales = dict(k_scale=self.k_scale_value, v_scale=self.v_scale_value)
+            self.backend.write_kv(k, v, self.kv_cache, attn_metadata.slot_mapping, **scales)
             out = self.backend.forward(
-                q, self.kv_cache, attn_metadata, self.scale, self.sliding_window
+                q, self.kv_cache, attn_metadata, self.scale, self.sliding_window, **scales
             )
         return out.reshape(tokens, self.num_heads * self.head_dim)
 

@@ -124,10 +124,8 @@ class LinearBase(nn.Module):
             where = f"shard {shard_id!r} of {where}"
         index = self._shard_index(shard_id, where)
         if getattr(param, "shard_scale", False):
-            # One per-tensor scale per merged shard: param is [num_shards].
-            if loaded.numel() != 1:
-                raise ValueError(f"{where}: expected a per-tensor scale, got {tuple(loaded.shape)}.")
-            param.data[0 if index is None else index].copy_(loaded.reshape(()))
+            # Dim 0 indexes merged shards: [num_shards] scales or [num_shards, ...] rows.
+            self._load_shard_entry(param, loaded, index, where)
             return
         target = param.data
         output_dim, input_dim = param.output_dim, param.input_dim  # type: ignore[attr-defined]
@@ -141,7 +139,24 @@ class LinearBase(nn.Module):
         if input_dim is not None:
             start, size = self.input_slice()
             _, start, size = self._packed(param, input_dim, 0, start, size)
+            group = getattr(param, "group_size", None)  # per-group scales: one row per group
+            if group:
+                start, size = start // group, size // group
             loaded = self._narrow_checked(loaded, input_dim, start, size, where)
+        check_shape(where, target.shape, loaded)
+        target.copy_(loaded)
+
+    def _load_shard_entry(
+        self, param: nn.Parameter, loaded: torch.Tensor, index: int | None, where: str
+    ) -> None:
+        target = param.data[0 if index is None else index]
+        if target.dim() == 0:
+            if loaded.numel() != 1:
+                raise ValueError(f"{where}: expected a per-tensor scale, got {tuple(loaded.shape)}.")
+            loaded = loaded.reshape(())
+        elif param.input_dim is not None:  # type: ignore[attr-defined]
+            start, size = self.input_slice()
+            loaded = self._narrow_checked(loaded, param.input_dim - 1, start, size, where)  # type: ignore[attr-defined]
         check_shape(where, target.shape, loaded)
         target.copy_(loaded)
 

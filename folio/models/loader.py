@@ -72,6 +72,8 @@ def load_model(
         load_checkpoint(model, model_config)
     methods = process_weights_after_loading(model)
     logger.info("Linear layers by method: %s", methods)
+    for layer in model.attention_layers():
+        layer.process_weights_after_loading()
     model.eval().requires_grad_(False)
     num_params = sum(p.numel() for p in model.parameters())
     logger.info(

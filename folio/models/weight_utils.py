@@ -139,6 +139,9 @@ def load_params(
     loaded: set[str] = set()
     for name, tensor in weights:
         target, shard_id = _resolve(name, stacked)
+        if target.endswith((".k_scale", ".v_scale")) and target not in params:
+            # llm-compressor names KV cache scales self_attn.k_scale; ours sit on self_attn.attn.
+            target = f"{target[:-8]}.attn{target[-8:]}"
         param = params.get(target)
         if param is None:
             logger.debug("Skipping checkpoint tensor %s: the model has no such parameter", name)
@@ -187,6 +190,8 @@ def initialize_dummy_weights(
     }
     generator: torch.Generator | None = None
     for name, param in model.named_parameters():
+        if getattr(param, "keep_init", False):
+            continue
         if id(param) in norm_params:
             param.data.fill_(1.0 if name.endswith("weight") else 0.0)
             continue

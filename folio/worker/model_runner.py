@@ -50,8 +50,10 @@ class ModelRunner:
             block_size=self.block_size,
             num_kv_heads=config.model.num_kv_heads,
             head_dim=config.model.head_dim,
-            dtype=self.dtype,
+            dtype=torch.float8_e4m3fn if config.cache.fp8 else self.dtype,
         )
+        if config.cache.fp8:
+            self._log_fp8_kv_scales()
         self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, dim]
         # CPU blocks for preemption by swap (allocated, pinned on a GPU, on the first swap-out).
         self.swap_pool = block_ops.SwapPool.for_config(self.kv_spec, config, self.device)
@@ -74,6 +76,11 @@ class ModelRunner:
         return manager
 
     # ---- KV cache ---------------------------------------------------------------------------
+    def _log_fp8_kv_scales(self) -> None:
+        scales = {(a.k_scale_value, a.v_scale_value) for a in self.model.attention_layers()}
+        source = "1.0 (the checkpoint has none)" if scales == {(1.0, 1.0)} else "from the checkpoint"
+        logger.info("KV cache in FP8 (e4m3), per-tensor k/v scales %s", source)
+
     def determine_num_blocks(self) -> int:
         override = self.config.cache.num_gpu_blocks_override
         if override is not None:

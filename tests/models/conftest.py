@@ -13,9 +13,15 @@ from tests.helpers.checkpoints import make_tiny_checkpoint
 
 
 def load_folio(
-    path: str, load_format: str = "auto", dtype: str = "float32", seed: int = 0
+    path: str,
+    load_format: str = "auto",
+    dtype: str = "float32",
+    seed: int = 0,
+    quantization: str | None = None,
 ) -> CausalLM:
-    config = ModelConfig.create(path, dtype=dtype, device="cpu", load_format=load_format, seed=seed)
+    config = ModelConfig.create(
+        path, dtype=dtype, device="cpu", load_format=load_format, seed=seed, quantization=quantization
+    )
     return load_model(config, torch.device("cpu"), TorchAttentionBackend())
 
 

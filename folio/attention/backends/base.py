@@ -19,8 +19,11 @@ class AttentionBackend(ABC):
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
-        """Store each token's K and V at its slot in the paged cache."""
+        """Store each token's K and V at its slot in the paged cache (an FP8 cache stores
+        K / k_scale and V / v_scale)."""
 
     @abstractmethod
     def forward(
@@ -30,6 +33,8 @@ class AttentionBackend(ABC):
         metadata: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Causal attention of each new token over its sequence's cached context (itself included).
 

@@ -9,6 +9,7 @@ import torch
 
 from folio.attention.backends.base import AttentionBackend
 from folio.attention.metadata import AttentionMetadata
+from folio.kernels.reshape_and_cache import dequantize_kv_reference, quantize_kv_reference
 
 
 def write_kv_reference(
@@ -16,6 +17,8 @@ def write_kv_reference(
     value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     num_tokens = slot_mapping.shape[0]
     slots = slot_mapping[:num_tokens]
@@ -25,21 +28,26 @@ def write_kv_reference(
     else:
         key, value = key[:num_tokens], value[:num_tokens]
     heads, dim = kv_cache.shape[-2], kv_cache.shape[-1]
-    kv_cache[0].view(-1, heads, dim)[slots] = key.to(kv_cache.dtype)
-    kv_cache[1].view(-1, heads, dim)[slots] = value.to(kv_cache.dtype)
+    kv_cache[0].view(-1, heads, dim)[slots] = quantize_kv_reference(key, k_scale, kv_cache.dtype)
+    kv_cache[1].view(-1, heads, dim)[slots] = quantize_kv_reference(value, v_scale, kv_cache.dtype)
 
 
 def gather_context(
-    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of one sequence's first seq_len tokens, read through its block table."""
+    """K and V of one sequence's first seq_len tokens, read through its block table (an FP8
+    cache dequantized to float32)."""
     block_size = kv_cache.shape[2]
     num_blocks = (seq_len + block_size - 1) // block_size
     blocks = block_table[:num_blocks].long()
     heads, dim = kv_cache.shape[-2], kv_cache.shape[-1]
     key = kv_cache[0, blocks].reshape(-1, heads, dim)[:seq_len]  # [seq_len, kv_heads, dim]
     value = kv_cache[1, blocks].reshape(-1, heads, dim)[:seq_len]
-    return key, value
+    return dequantize_kv_reference(key, k_scale), dequantize_kv_reference(value, v_scale)
 
 
 def attend(
@@ -71,6 +79,8 @@ def paged_attention_reference(
     metadata: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     out = torch.zeros_like(query)
     starts = metadata.query_start_loc_cpu
@@ -78,7 +88,8 @@ def paged_attention_reference(
         start, end = starts[i], starts[i + 1]
         if end == start:
             continue
-        key, value = gather_context(kv_cache, metadata.block_tables[i], metadata.seq_lens_cpu[i])
+        seq_len = metadata.seq_lens_cpu[i]
+        key, value = gather_context(kv_cache, metadata.block_tables[i], seq_len, k_scale, v_scale)
         out[start:end] = attend(query[start:end], key, value, scale, sliding_window)
     return out
 
@@ -107,8 +118,12 @@ def prefill_attention_no_cache(
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def write_kv(self, key, value, kv_cache, slot_mapping) -> None:
-        write_kv_reference(key, value, kv_cache, slot_mapping)
+    def write_kv(self, key, value, kv_cache, slot_mapping, k_scale=1.0, v_scale=1.0) -> None:
+        write_kv_reference(key, value, kv_cache, slot_mapping, k_scale, v_scale)
 
-    def forward(self, query, kv_cache, metadata, scale, sliding_window=None) -> torch.Tensor:
-        return paged_attention_reference(query, kv_cache, metadata, scale, sliding_window)
+    def forward(
+        self, query, kv_cache, metadata, scale, sliding_window=None, k_scale=1.0, v_scale=1.0
+    ) -> torch.Tensor:
+        return paged_attention_reference(
+            query, kv_cache, metadata, scale, sliding_window, k_scale, v_scale
+        )

@@ -67,8 +67,10 @@ class TritonAttentionBackend(AttentionBackend):
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
-        reshape_and_cache(key, value, kv_cache, slot_mapping)
+        reshape_and_cache(key, value, kv_cache, slot_mapping, k_scale, v_scale)
 
     def forward(
         self,
@@ -77,17 +79,25 @@ class TritonAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]; padding rows hold anything
         out = torch.empty_like(query)
         args = (query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_tables, metadata.num_seqs)
         if metadata.is_decode_only:
             splits = self.decode_splits(metadata.num_seqs, kv_cache.shape[3], query.device)
-            return paged_decode(*args, scale, sliding_window, num_splits=splits, out=out)
+            return paged_decode(
+                *args, scale, sliding_window, num_splits=splits, out=out, k_scale=k_scale, v_scale=v_scale
+            )
         group = query.shape[1] // kv_cache.shape[3]
-        config = self.prefill_config(query.dtype, query.shape[2], group, metadata)
+        # The prefill kernel reads a bf16/fp16 cache only; an fp8 cache goes through the unified kernel.
+        fp8_cache = kv_cache.element_size() == 1
+        config = None if fp8_cache else self.prefill_config(query.dtype, query.shape[2], group, metadata)
         if config is not None:
             return prefill_attention(*args, scale, sliding_window, out=out, config=config)
-        return unified_attention(*args, metadata.max_query_len, scale, sliding_window, out=out)
+        return unified_attention(
+            *args, metadata.max_query_len, scale, sliding_window, out=out, k_scale=k_scale, v_scale=v_scale
+        )
 
     def prefill_config(
         self, dtype: torch.dtype, head_dim: int, group: int, metadata: AttentionMetadata

@@ -15,7 +15,13 @@ from folio.config.model import ModelConfig
 from folio.layers.quantization.base import LinearMethod, QuantizationConfig
 
 # name -> (module, class); each class has from_config(quantization_config: dict).
-_CONFIGS: dict[str, tuple[str, str]] = {}
+_CONFIGS: dict[str, tuple[str, str]] = {
+    "fp8": ("folio.layers.quantization.fp8", "Fp8Config"),
+    "compressed-tensors": ("folio.layers.quantization.compressed_tensors", "CompressedTensorsConfig"),
+    "gptq": ("folio.layers.quantization.int4", "GPTQConfig"),
+    "awq": ("folio.layers.quantization.int4", "AWQConfig"),
+    "int4-rtn": ("folio.layers.quantization.int4", "Int4RtnConfig"),
+}
 
 
 def get_quantization_config(model_config: ModelConfig) -> QuantizationConfig | None:

@@ -7,7 +7,10 @@ attributes the layer's weight_loader reads:
     the tensor has no such axis, e.g. a per-tensor scale);
   packed_dim + pack_factor: that axis stores pack_factor values per element (INT4 in int32);
     offsets and sizes along it are divided by pack_factor;
-  shard_scale: one entry per merged shard (a per-tensor scale of a fused QKV or gate/up);
+  group_size: the input axis holds one entry per group of group_size input features
+    (per-group INT4 scales and zeros); offsets along it are divided by group_size;
+  shard_scale: dim 0 indexes merged shards (a per-tensor scale of a fused QKV or gate/up, or
+    a per-shard row such as GPTQ's g_idx);
   optional: the checkpoint may leave it out (the loader does not report it missing).
 After every tensor arrived, process_weights_after_loading repacks for the method's kernel.
 """

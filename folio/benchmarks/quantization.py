@@ -1,0 +1,153 @@
+"""Quantization benchmarks: perplexity of each scheme on held-out text, batch-1 decode latency,
+and KV-cache blocks with an FP8 cache. Each configuration runs in its own process, so one
+model's memory is gone before the next loads.
+
+    python -m folio.benchmarks.quantization ppl [--model M] [--device cpu|cuda] [--dtype D]
+    python -m folio.benchmarks.quantization decode --model folio/benchmarks/configs/llama-3.1-8b
+    python -m folio.benchmarks.quantization kv-blocks --model folio/benchmarks/configs/llama-3.1-8b
+
+ppl uses the demo model (trained locally, folio/demo) unless --model is given; held-out text is
+the demo corpus drawn with another seed. Perplexity comes from prompt log-probs through
+folio's public API (LLM.generate with prompt_logprobs=0), so it runs the engine's real path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from typing import Any
+
+# name -> LLM keyword arguments
+SCHEMES: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "fp8": {"quantization": "fp8"},
+    "int4-rtn": {"quantization": "int4-rtn"},
+    "fp8-kv": {"kv_cache_dtype": "fp8"},
+}
+
+
+# ---- one configuration, in a child process ------------------------------------------------
+def held_out_windows(tokenizer: Any, window: int, max_windows: int, seed: int) -> list[list[int]]:
+    from folio.demo.corpus import pretraining_documents
+
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for doc in pretraining_documents(seed):
+        stream += tokenizer.encode(doc) + [eos]
+    windows = [stream[i : i + window] for i in range(0, len(stream) - window, window)]
+    return windows[:max_windows]
+
+
+def measure_ppl(llm: Any, args: argparse.Namespace) -> dict[str, float]:
+    from folio import SamplingParams
+
+    windows = held_out_windows(llm.get_tokenizer(), args.window, args.max_windows, args.seed)
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)
+    outputs = llm.generate([{"prompt_token_ids": w} for w in windows], params, use_tqdm=False)
+    total, count = 0.0, 0
+    for window, out in zip(windows, outputs):
+        for token, logprobs in zip(window[1:], out.prompt_logprobs[1:]):
+            total -= logprobs[token].logprob
+            count += 1
+    return {"ppl": math.exp(total / count), "tokens": count}
+
+
+def measure_decode(llm: Any, args: argparse.Namespace) -> dict[str, float]:
+    """ms per output token at batch 1: (time for N + 1 tokens - time for 1) / N."""
+    from folio import SamplingParams
+
+    prompt = [{"prompt_token_ids": list(range(100, 100 + args.prompt_len))}]
+
+    def timed(n: int) -> float:
+        params = SamplingParams(max_tokens=n, ignore_eos=True, temperature=0)
+        start = time.perf_counter()
+        llm.generate(prompt, params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    timed(8)  # warm-up: compilation, CUDA graphs
+    first = min(timed(1) for _ in range(3))
+    full = min(timed(args.output_len + 1) for _ in range(3))
+    return {"ms_per_token": 1000 * (full - first) / args.output_len}
+
+
+def run_one(args: argparse.Namespace) -> None:
+    from folio import LLM
+    from folio.demo.model import ensure_demo_model
+
+    kwargs: dict[str, Any] = dict(SCHEMES[args.scheme])
+    model = args.model or ensure_demo_model()
+    if args.kind != "ppl":
+        kwargs["load_format"] = "dummy"
+    llm = LLM(model=model, device=args.device, dtype=args.dtype, seed=0, max_model_len=args.max_model_len, **kwargs)
+    result: dict[str, Any] = {"scheme": args.scheme, "blocks": llm.llm_engine.num_blocks}
+    if args.kind == "ppl":
+        result |= measure_ppl(llm, args)
+    elif args.kind == "decode":
+        result |= measure_decode(llm, args)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ---- the table -------------------------------------------------------------------------------
+def run_all(args: argparse.Namespace, schemes: list[str]) -> list[dict[str, Any]]:
+    results = []
+    for scheme in schemes:
+        cmd = [sys.executable, "-m", "folio.benchmarks.quantization", args.kind, "--one", scheme]
+        cmd += _forwarded(args)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            sys.stderr.write(proc.stderr[-4000:])
+            raise SystemExit(f"{scheme} failed (exit {proc.returncode})")
+        results.append(json.loads(lines[-1][len("RESULT ") :]))
+        print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    out = ["--device", args.device, "--dtype", args.dtype, "--max-model-len", str(args.max_model_len)]
+    if args.model:
+        out += ["--model", args.model]
+    for name in ("window", "max_windows", "seed", "prompt_len", "output_len"):
+        out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return out
+
+
+def print_table(kind: str, results: list[dict[str, Any]]) -> None:
+    base = results[0]
+    key = {"ppl": "ppl", "decode": "ms_per_token", "kv-blocks": "blocks"}[kind]
+    print(f"\n| scheme | {key} | vs {base['scheme']} |\n|---|---|---|")
+    for r in results:
+        print(f"| {r['scheme']} | {r[key]:.4g} | {r[key] / base[key]:.3f}x |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=["ppl", "decode", "kv-blocks"])
+    parser.add_argument("--one", choices=sorted(SCHEMES), help=argparse.SUPPRESS)
+    parser.add_argument("--schemes", default=None, help="comma-separated, from " + ", ".join(SCHEMES))
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--max-windows", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=1, help="corpus seed of the held-out text (training used 0)")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=256)
+    args = parser.parse_args(argv)
+    if args.one:
+        args.scheme = args.one
+        run_one(args)
+        return 0
+    defaults = {"ppl": "baseline,fp8,int4-rtn,fp8-kv", "decode": "baseline,int4-rtn,fp8", "kv-blocks": "baseline,fp8-kv"}
+    schemes = (args.schemes or defaults[args.kind]).split(",")
+    print_table(args.kind, run_all(args, schemes))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

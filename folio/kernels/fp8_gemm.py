@@ -1,0 +1,170 @@
+"""FP8 (e4m3) W8A8 matmul: per-token or per-tensor activation scales times per-channel weights.
+
+y = (x_q * x_scale) @ (w_q * w_scale)^T + b, accumulated in float32. On CUDA the product runs
+on the FP8 tensor cores through cuBLASLt (torch._scaled_mm) with the scales applied in its
+epilogue; elsewhere (and for shapes cuBLASLt refuses) the reference dequantizes and multiplies
+in float32. Activations are quantized the same way on both paths, so the CPU path reproduces
+the GPU's rounding up to the order of float32 accumulation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton, use_triton_for
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
+# Smallest scale a row may get: an all-zero row must not divide by zero (vLLM uses the same).
+MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+
+
+@triton.jit
+def _quantize_per_token_kernel(
+    x_ptr,  # [tokens, K], rows strided, last dimension contiguous
+    q_ptr,  # [tokens, K] float8e4nv, contiguous
+    scale_ptr,  # [tokens] float32
+    x_stride,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+):
+    """One program per row: the row's amax, then every element divided by amax / 448."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, K, BLOCK):
+        x = tl.load(x_ptr + row * x_stride + start + cols, mask=start + cols < K, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    # div_rn: IEEE division, as torch divides (the GPU's default `/` is approximate).
+    scale = tl.maximum(tl.div_rn(tl.max(amax, 0), 448.0), MIN_SCALE)
+    tl.store(scale_ptr + row, scale)
+    for start in range(0, K, BLOCK):
+        mask = start + cols < K
+        x = tl.load(x_ptr + row * x_stride + start + cols, mask=mask, other=0.0).to(tl.float32)
+        q = tl.clamp(tl.div_rn(x, scale), -448.0, 448.0)
+        tl.store(q_ptr + row * K + start + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[tokens, K] -> (fp8 [tokens, K], float32 scale [tokens, 1]) with each row's amax at 448.
+    One fused Triton pass on CUDA (two reads of x, one fp8 write), torch elsewhere."""
+    if use_triton_for(x):
+        return quantize_per_token_triton(x)
+    return quantize_per_token_reference(x)
+
+
+def quantize_per_token_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton launcher; x may have strided rows but its last dimension must be contiguous."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"quantize_per_token: x must be 2-D with contiguous rows, got {tuple(x.shape)}.")
+    check_same_device(_quantize_per_token_kernel, x=x)
+    tokens, k = x.shape
+    q = torch.empty((tokens, k), dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((tokens, 1), dtype=torch.float32, device=x.device)
+    if tokens:
+        block = min(next_power_of_2(k), 4096)
+        _quantize_per_token_kernel[(tokens,)](x, q, scale, x.stride(0), K=k, BLOCK=block, MIN_SCALE=MIN_SCALE, num_warps=8 if block >= 2048 else 4)
+    return q, scale
+
+
+def quantize_per_token_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch: the same amax, scale and saturating round to e4m3."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float()  # [tokens, 1]
+    scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
+    return quantize_with_scale(x, scale), scale
+
+
+def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale rounded to e4m3 (saturating at +-448); scale broadcasts against x."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def quantize_weight_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] weight -> (fp8 [N, K], float32 scale [N]): one scale per output channel."""
+    q, scale = quantize_per_token(w)
+    return q, scale.reshape(-1)
+
+
+def fp8_linear(
+    x: torch.Tensor,  # [tokens, K] in the model dtype
+    w_q: torch.Tensor,  # [N, K] float8_e4m3fn
+    w_scale: torch.Tensor,  # [N] float32
+    input_scale: torch.Tensor | None,  # [] float32 (static per-tensor) or None (per-token)
+    bias: torch.Tensor | None,  # [N]
+) -> torch.Tensor:  # [tokens, N] in x's dtype
+    """Quantize x (per token unless a static scale is given) and multiply by the FP8 weight."""
+    if input_scale is None:
+        x_q, x_scale = quantize_per_token(x)
+    else:
+        x_q = quantize_with_scale(x, input_scale)
+        x_scale = input_scale.reshape(1, 1).expand(x.shape[0], 1)
+    return fp8_scaled_mm(x_q, x_scale, w_q, w_scale, bias, x.dtype)
+
+
+def fp8_scaled_mm(
+    x_q: torch.Tensor,  # [M, K] fp8
+    x_scale: torch.Tensor,  # [M, 1] float32
+    w_q: torch.Tensor,  # [N, K] fp8
+    w_scale: torch.Tensor,  # [N] float32
+    bias: torch.Tensor | None,  # [N]
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # [M, N]
+    if x_q.is_cuda and _cublaslt_shape_ok(x_q, w_q):
+        return fp8_scaled_mm_cublaslt(x_q, x_scale, w_q, w_scale, bias, out_dtype)
+    return fp8_scaled_mm_reference(x_q, x_scale, w_q, w_scale, bias, out_dtype)
+
+
+def _cublaslt_shape_ok(x_q: torch.Tensor, w_q: torch.Tensor) -> bool:
+    # cuBLASLt's FP8 GEMM needs K and N in multiples of 16.
+    return x_q.shape[1] % 16 == 0 and w_q.shape[0] % 16 == 0
+
+
+def fp8_scaled_mm_cublaslt(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """torch._scaled_mm; the weight goes in as w^T, the column-major operand cuBLASLt wants."""
+    if out_dtype == torch.bfloat16:
+        # Row-wise scaling (a scale per row of x and per column of w^T) needs a bf16 output.
+        return torch._scaled_mm(
+            x_q,
+            w_q.t(),
+            scale_a=x_scale.float().contiguous(),  # [M, 1]
+            scale_b=w_scale.reshape(1, -1).float(),  # [1, N]
+            bias=bias,
+            out_dtype=out_dtype,
+        )
+    one = torch.ones((), dtype=torch.float32, device=x_q.device)
+    raw = torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    return _scale_and_bias(raw, x_scale, w_scale, bias, out_dtype)  # [M, N]
+
+
+def fp8_scaled_mm_reference(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Plain torch: the integer-valued FP8 products in float32, then the scales and the bias."""
+    raw = x_q.float() @ w_q.float().t()  # [M, N] float32
+    return _scale_and_bias(raw, x_scale, w_scale, bias, out_dtype)
+
+
+def _scale_and_bias(
+    raw: torch.Tensor,  # [M, N] float32
+    x_scale: torch.Tensor,  # [M, 1]
+    w_scale: torch.Tensor,  # [N]
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    out = raw * x_scale.float() * w_scale.float().reshape(1, -1)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)

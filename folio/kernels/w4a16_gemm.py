@@ -1,0 +1,209 @@
+"""W4A16 GEMM: 16-bit activations times 4-bit weights dequantized inside the Triton kernel.
+
+The one internal layout every INT4 checkpoint format is repacked into on load:
+  qweight [K/8, N] int32: input row 8i + j of column n sits in bits 4j..4j+3 of qweight[i, n],
+    as an unsigned value 0..15;
+  scales [K/G, N] float32 and zeros [K/G, N] uint8 (None: symmetric, zero 8):
+    w[k, n] = (q[k, n] - zeros[k // G, n]) * scales[k // G, n].
+Design: a program owns a BLOCK_M x BLOCK_N tile of the output and walks its share of K in
+BLOCK_K steps; BLOCK_K divides G, so each step reads one row of scales/zeros. Weights are
+unpacked with shifts, scaled in float32, rounded to the activation dtype and fed to tl.dot
+with a float32 accumulator. Decode (small M) is bound by reading the weight: split-K gives
+the GPU enough programs to saturate memory bandwidth, each writing a float32 partial that
+one torch sum reduces. Large M dequantizes once and calls cuBLAS (M >= DEQUANT_MIN_M).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from folio.kernels.triton_compat import check_same_device, tl, triton, use_triton_for
+
+PACK = 8  # int4 values per int32
+# From this many tokens on, dequantize + cuBLAS beats the fused kernel (to be measured on H100).
+DEQUANT_MIN_M = 256
+
+
+@triton.jit
+def _w4a16_kernel(
+    a_ptr,  # [M, K] fp16/bf16/fp32
+    qw_ptr,  # [K / 8, N] int32
+    s_ptr,  # [K / G, N] float32
+    z_ptr,  # [K / G, N] uint8 (HAS_ZEROS)
+    c_ptr,  # [SPLIT_K, M, N]: float32 partials, or the output dtype when SPLIT_K == 1
+    M,
+    N,
+    K,
+    k_per_split,  # a multiple of BLOCK_K
+    stride_am,
+    stride_ak,
+    stride_qk,
+    stride_sg,
+    stride_cs,
+    stride_cm,
+    GROUP: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 activations: exact, like the CPU path
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    rk8 = tl.arange(0, BLOCK_K // 8)
+    shifts = tl.arange(0, 8) * 4  # [8]: nibble j of a word holds input row 8i + j
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        ks = k0 + rk
+        k_ok = ks < k_end
+        a = tl.load(
+            a_ptr + rm[:, None] * stride_am + ks[None, :] * stride_ak,
+            mask=m_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )  # [BLOCK_M, BLOCK_K]
+        packed = tl.load(
+            qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
+            mask=(k0 + rk8 * 8 < k_end)[:, None] & n_ok[None, :],
+            other=0,
+        )  # [BLOCK_K / 8, BLOCK_N] int32: each word read once
+        nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
+        q = tl.reshape(nibbles, (BLOCK_K, BLOCK_N)).to(tl.float32)  # row 8i + j = nibble j of word i
+        group = k0 // GROUP  # BLOCK_K divides GROUP: one group per step
+        s = tl.load(s_ptr + group * stride_sg + rn, mask=n_ok, other=0.0)  # [BLOCK_N]
+        if HAS_ZEROS:
+            z = tl.load(z_ptr + group * stride_sg + rn, mask=n_ok, other=0).to(tl.float32)
+        else:
+            z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        w = ((q - z[None, :]) * s[None, :]).to(a.dtype)  # [BLOCK_K, BLOCK_N]
+        acc += tl.dot(a, w, input_precision=DOT_PRECISION)
+    c = c_ptr + pid_k * stride_cs + rm[:, None] * stride_cm + rn[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def w4a16_linear(
+    x: torch.Tensor,  # [M, K]
+    qweight: torch.Tensor,  # [K / 8, N] int32
+    scales: torch.Tensor,  # [K / G, N] float32
+    zeros: torch.Tensor | None,  # [K / G, N] uint8
+    group_size: int,
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:  # [M, N] in x's dtype
+    """x @ W + b: the fused kernel on CUDA at small M, else dequantize and matmul."""
+    if use_triton_for(x) and x.shape[0] < DEQUANT_MIN_M:
+        out = w4a16_gemm_triton(x, qweight, scales, zeros, group_size)
+        return out if bias is None else out + bias
+    return w4a16_reference(x, qweight, scales, zeros, group_size, bias)
+
+
+def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int) -> None:
+    m, k = x.shape
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"w4a16: activations must be fp16, bf16 or fp32, got {x.dtype}.")
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] * PACK != k:
+        raise ValueError(f"w4a16: qweight must be int32 [K/8, N] = [{k // PACK}, N], got {qweight.dtype} {tuple(qweight.shape)}.")
+    n = qweight.shape[1]
+    if group_size % 32 or k % group_size:
+        raise ValueError(f"w4a16: group size {group_size} must be a multiple of 32 dividing K={k}.")
+    if scales.dtype != torch.float32 or tuple(scales.shape) != (k // group_size, n):
+        raise ValueError(f"w4a16: scales must be float32 [{k // group_size}, {n}], got {scales.dtype} {tuple(scales.shape)}.")
+    if zeros is not None and (zeros.dtype != torch.uint8 or zeros.shape != scales.shape):
+        raise ValueError(f"w4a16: zeros must be uint8 {tuple(scales.shape)}, got {zeros.dtype} {tuple(zeros.shape)}.")
+    if not (qweight.is_contiguous() and scales.is_contiguous() and (zeros is None or zeros.is_contiguous())):
+        raise ValueError("w4a16: qweight, scales and zeros must be contiguous.")
+
+
+def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> dict[str, int]:
+    """Tile sizes and split-K: small M splits K until about two programs per SM."""
+    block_k = 64 if group_size % 64 == 0 else 32
+    if m <= 16:
+        block_m, block_n, warps = 16, 64, 4
+    elif m <= 64:
+        block_m, block_n, warps = 32, 64, 4
+    else:
+        block_m, block_n, warps = 64, 128, 8
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    split_k = 1
+    while tiles * split_k < 2 * num_sms and k // (block_k * split_k * 2) >= 4:
+        split_k *= 2
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=warps)
+
+
+def w4a16_gemm_triton(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    group_size: int,
+    config: dict[str, int] | None = None,
+) -> torch.Tensor:
+    """Triton launcher: x [M, K] @ W [K, N] -> [M, N] in x's dtype (no bias)."""
+    _check(x, qweight, scales, zeros, group_size)
+    check_same_device(_w4a16_kernel, x=x, qweight=qweight, scales=scales)
+    m, k = x.shape
+    n = qweight.shape[1]
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+    cfg = dict(config or pick_config(m, n, k, group_size, sms))
+    split_k = cfg.pop("SPLIT_K")
+    num_warps = cfg.pop("num_warps", 4)
+    block_k = cfg["BLOCK_K"]
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    out_dtype = x.dtype if split_k == 1 else torch.float32
+    out = torch.empty((split_k, m, n), dtype=out_dtype, device=x.device)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split_k)
+    _w4a16_kernel[grid](
+        x, qweight, scales, zeros if zeros is not None else scales, out,
+        m, n, k, k_per_split,
+        x.stride(0), x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
+        GROUP=group_size, HAS_ZEROS=zeros is not None, num_warps=num_warps,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **cfg,
+    )
+    return out[0] if split_k == 1 else out.sum(0).to(x.dtype)  # [M, N]
+
+
+def unpack_rows(qweight: torch.Tensor) -> torch.Tensor:
+    """[K/8, N] int32 -> [K, N] uint8 (0..15): the inverse of pack_rows."""
+    shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32)  # [8]
+    q = (qweight.unsqueeze(1) >> shifts.view(1, -1, 1)) & 0xF  # [K/8, 8, N]
+    return q.reshape(-1, qweight.shape[1]).to(torch.uint8)
+
+
+def pack_rows(q: torch.Tensor) -> torch.Tensor:
+    """[K, N] values 0..15 -> [K/8, N] int32, row 8i + j in bits 4j of row i."""
+    k, n = q.shape
+    v = q.to(torch.int32).reshape(k // PACK, PACK, n)
+    packed = torch.zeros((k // PACK, n), dtype=torch.int32, device=q.device)
+    for j in range(PACK):
+        packed |= v[:, j] << (4 * j)  # bit 31 may be set: int32 wraps, as the kernel expects
+    return packed
+
+
+def dequantize(
+    qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int
+) -> torch.Tensor:
+    """The float32 weight [K, N] the packed one stands for."""
+    q = unpack_rows(qweight).float()  # [K, N]
+    z = zeros.float() if zeros is not None else torch.full_like(scales, 8.0)
+    return (q - z.repeat_interleave(group_size, 0)) * scales.repeat_interleave(group_size, 0)
+
+
+def w4a16_reference(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Plain torch: the weight dequantized and rounded to x's dtype (as the kernel feeds its
+    dot), then F.linear."""
+    w = dequantize(qweight, scales, zeros, group_size).to(x.dtype)  # [K, N]
+    return F.linear(x, w.t(), bias)  # [M, N]

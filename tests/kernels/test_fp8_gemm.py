@@ -1,0 +1,66 @@
+"""FP8 W8A8 GEMM: per-token activation quantization, the float32 reference, and cuBLASLt
+(torch._scaled_mm) against that reference on the GPU at odd token counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from folio.kernels.fp8_gemm import (
+    FP8_MAX,
+    fp8_linear,
+    fp8_scaled_mm_cublaslt,
+    fp8_scaled_mm_reference,
+    quantize_per_token,
+    quantize_per_token_reference,
+    quantize_per_token_triton,
+    quantize_weight_per_channel,
+)
+
+
+def test_per_token_quantization_puts_each_rows_amax_at_448():
+    x = torch.randn(5, 48) * torch.tensor([0.01, 1, 100, 0, 3]).reshape(5, 1)
+    q, scale = quantize_per_token(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (5, 1)
+    amax = q.float().abs().amax(-1)
+    assert torch.equal(amax[[0, 1, 2, 4]], torch.full((4,), FP8_MAX)) and amax[3] == 0
+    torch.testing.assert_close(q.float() * scale, x, rtol=0.07, atol=1e-6)
+
+
+@pytest.mark.parametrize(("tokens", "k"), [(1, 48), (5, 100), (3, 5000)])
+def test_triton_per_token_quantization_is_bit_exact(device, tokens, k):
+    gen = torch.Generator().manual_seed(k)
+    x = (torch.randn(tokens, k + 3, generator=gen) * 5).to(device)[:, :k]  # strided rows
+    x[0, :] = 0.0  # an all-zero row takes the minimum scale
+    q, scale = quantize_per_token_triton(x)
+    q_ref, scale_ref = quantize_per_token_reference(x)
+    torch.testing.assert_close(scale, scale_ref, rtol=1e-6, atol=0)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+def test_reference_is_the_float_product_within_fp8_error():
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(7, 64, generator=gen), torch.randn(40, 64, generator=gen), torch.randn(40, generator=gen)
+    w_q, w_scale = quantize_weight_per_channel(w)
+    out = fp8_linear(x, w_q, w_scale, None, b)
+    exact = x @ w.t() + b
+    assert (out - exact).abs().max() < 0.1 * exact.abs().max()
+    static = fp8_linear(x, w_q, w_scale, torch.tensor(x.abs().max().item() / FP8_MAX), b)
+    assert (static - exact).abs().max() < 0.1 * exact.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 33, 256])
+@pytest.mark.parametrize(("k", "n"), [(4096, 6144), (14336, 4096), (64, 48)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_cublaslt_matches_reference(m, k, n, out_dtype):
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, k, generator=gen, device="cuda").to(out_dtype)
+    w = torch.randn(n, k, generator=gen, device="cuda") * 0.02
+    bias = torch.randn(n, generator=gen, device="cuda").to(out_dtype)
+    x_q, x_scale = quantize_per_token(x)
+    w_q, w_scale = quantize_weight_per_channel(w)
+    got = fp8_scaled_mm_cublaslt(x_q, x_scale, w_q, w_scale, bias, out_dtype)
+    expected = fp8_scaled_mm_reference(x_q, x_scale, w_q, w_scale, bias, torch.float32)
+    assert got.dtype == out_dtype and got.shape == (m, n)
+    torch.testing.assert_close(got.float(), expected, rtol=1.6e-2, atol=1e-2 * expected.abs().max().item())

@@ -1,0 +1,79 @@
+"""The W4A16 Triton GEMM against dequantize-then-matmul, at odd shapes, with and without zeros."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from folio.kernels.w4a16_gemm import (
+    dequantize,
+    pack_rows,
+    pick_config,
+    unpack_rows,
+    w4a16_gemm_triton,
+    w4a16_reference,
+)
+
+
+def _random_int4(k: int, n: int, group: int, asym: bool, gen: torch.Generator, device):
+    q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)
+    scales = torch.rand(k // group, n, generator=gen) * 0.02 + 0.001
+    zeros = torch.randint(0, 16, (k // group, n), generator=gen).to(torch.uint8) if asym else None
+    return (pack_rows(q).to(device), scales.to(device),
+            zeros.to(device) if zeros is not None else None, q)
+
+
+def test_pack_rows_round_trips_and_dequantize_follows_the_layout():
+    gen = torch.Generator().manual_seed(0)
+    qweight, scales, zeros, q = _random_int4(64, 9, 32, True, gen, "cpu")
+    assert torch.equal(unpack_rows(qweight).to(torch.int32), q)
+    w = dequantize(qweight, scales, zeros, 32)
+    k, n = 37, 5
+    expected = (q[k, n] - zeros[k // 32, n].int()) * scales[k // 32, n]
+    torch.testing.assert_close(w[k, n], expected.float())
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "group", "asym", "split_k"),
+    [(1, 64, 24, 32, False, 1), (5, 96, 37, 32, True, 2), (19, 128, 40, 64, True, 1), (3, 256, 17, 128, False, 2)],
+)
+def test_kernel_matches_dequantize_then_matmul(device, m, k, n, group, asym, split_k):
+    gen = torch.Generator().manual_seed(m * k + n)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    qweight, scales, zeros, _ = _random_int4(k, n, group, asym, gen, device)
+    x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, SPLIT_K=split_k, num_warps=4)
+    out = w4a16_gemm_triton(x, qweight, scales, zeros, group, config=cfg)
+    expected = w4a16_reference(x, qweight, scales, zeros, group)
+    assert out.dtype == dtype and out.shape == (m, n)
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=1e-2)
+
+
+def test_launcher_refuses_bad_shapes_by_name():
+    qweight = torch.zeros(8, 16, dtype=torch.int32)
+    scales = torch.ones(2, 16)
+    with pytest.raises(ValueError, match="qweight must be int32"):
+        w4a16_gemm_triton(torch.zeros(2, 72), qweight, scales, None, 32)
+    with pytest.raises(ValueError, match="group size 48"):
+        w4a16_gemm_triton(torch.zeros(2, 64), qweight, scales, None, 48)
+    with pytest.raises(ValueError, match="scales must be float32"):
+        w4a16_gemm_triton(torch.zeros(2, 64), qweight, scales.half(), None, 32)
+
+
+def test_decode_splits_k_until_the_gpu_is_busy():
+    assert pick_config(1, 4096, 4096, 128)["SPLIT_K"] > 1
+    assert pick_config(4096, 4096, 4096, 128)["SPLIT_K"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 16, 33, 255])
+@pytest.mark.parametrize(("k", "n"), [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)])
+@pytest.mark.parametrize("asym", [False, True])
+def test_full_size_matches_reference(m, k, n, asym):
+    gen = torch.Generator().manual_seed(m)
+    qweight, scales, zeros, _ = _random_int4(k, n, 128, asym, gen, "cuda")
+    x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+    out = w4a16_gemm_triton(x, qweight, scales, zeros, 128)
+    expected = w4a16_reference(x.float(), qweight, scales, zeros, 128)
+    # The kernel rounds each dequantized weight and the output to bf16 (2^-9 relative each).
+    torch.testing.assert_close(out.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=2e-2)
