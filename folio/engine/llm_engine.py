@@ -285,6 +285,8 @@ def _load_tokenizer(config: EngineConfig) -> Any:
     """The checkpoint's tokenizer; None (token-id prompts only, no text) when the model folder
     has none and no other tokenizer was named, e.g. a config.json alone with --load-format dummy."""
     path = config.model.tokenizer
+    if config.model.skip_tokenizer_init:
+        return None
     if path == config.model.model and os.path.isdir(path) and not has_tokenizer_files(path):
         logger.warning(
             "No tokenizer files in %r: running without a tokenizer. Prompts must be token ids "

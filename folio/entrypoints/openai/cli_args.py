@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from folio.engine.arg_utils import EngineArgs
+from folio.entrypoints.openai.frontend_args import FrontendConfig, add_frontend_args
 
 API_KEY_ENV = "FOLIO_API_KEY"
 DEFAULT_MAX_WAITING_REQUESTS = 1024
@@ -24,6 +25,7 @@ class ServerConfig:
     log_level: str = "info"
     access_log: bool = True
     engine_process: bool | None = None  # None: a process when the engine runs on CUDA
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)  # vLLM's other server flags
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -46,6 +48,7 @@ class ServerConfig:
             log_level=args.uvicorn_log_level,
             access_log=not args.disable_uvicorn_access_log,
             engine_process=args.engine_process,
+            frontend=FrontendConfig.from_cli_args(args),
         )
 
 
@@ -61,7 +64,7 @@ def engine_process_wanted(flag: bool | None, device: str) -> bool:
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = ServerConfig()
-    g = parser.add_argument_group("server")
+    g = parser.add_argument_group("Frontend")  # vLLM's name for the server's flags
     g.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: every interface)")
     g.add_argument("--port", type=int, default=d.port, help="port to listen on (0: any free port, logged)")
     g.add_argument("--api-key", default=None,
@@ -79,5 +82,9 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="run the engine in a process of its own (its own GIL; a crash there leaves "
                         "the server answering 503) instead of on a thread of the server process "
                         "(default: a process on a GPU, a thread on the CPU; docs/serving.md)")
+    add_frontend_args(g)
     EngineArgs.add_cli_args(parser)
+    from folio.engine.vllm_cli import group_like_vllm
+
+    group_like_vllm(parser)
     return parser

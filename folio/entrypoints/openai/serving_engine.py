@@ -16,6 +16,7 @@ from typing import Any
 from folio.engine.async_llm import AsyncLLM, RequestStream
 from folio.entrypoints.openai.errors import BadRequestError, from_engine_error, model_not_found
 from folio.entrypoints.openai.protocol import ChatMessage, SamplingRequest
+from folio.entrypoints.openai.request_logger import RequestLogger
 from folio.sampling_params import BeamSearchParams, SamplingParams, SamplingParamsError
 from folio.transformers_utils.chat_template import ChatTemplateError, render_chat
 
@@ -39,6 +40,8 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIServing:
+    request_logger: RequestLogger | None = None  # set by the server with --enable-log-requests
+
     def __init__(self, engine: AsyncLLM, model_name: str, chat_template: str | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
@@ -174,6 +177,8 @@ class OpenAIServing:
                 engine_prompt["prompt"] = prompt.text
             if cache_salt is not None:
                 engine_prompt["cache_salt"] = cache_salt
+            if self.request_logger is not None:
+                self.request_logger.log(engine_id, prompt.text, prompt.token_ids, p)
             adds.append(asyncio.ensure_future(self.engine.add_request(engine_id, engine_prompt, p, priority)))
         try:
             results = await asyncio.gather(*adds, return_exceptions=True)
