@@ -143,7 +143,7 @@ class LLMEngine:
         if request_id in self.output_processor.requests or request_id in self.beam_search.searches:
             raise ValueError(f"Request id {request_id!r} is already in use.")
         params = params if params is not None else self.default_sampling_params()
-        processed = self.input_processor.process_prompt(prompt)
+        processed = self.input_processor.truncate_prompt(self.input_processor.process_prompt(prompt), params)
         if isinstance(params, BeamSearchParams):
             self.input_processor.check_beam_search(params, len(processed.token_ids))
             self.beam_search.add(request_id, processed, params, arrival_time, priority)

@@ -94,6 +94,23 @@ class OpenAIServing:
             )
         return requested
 
+    def truncate_prompt(self, prompt: EnginePrompt, request: SamplingRequest) -> EnginePrompt:
+        """truncate_prompt_tokens: the prompt's last k tokens (-1: the context), before max_tokens
+        is fitted to the room left. The text stays as given."""
+        k = request.truncate_prompt_tokens
+        if k is None:
+            return prompt
+        if k > self.max_model_len:
+            raise BadRequestError(
+                f"truncate_prompt_tokens={k} is more than the model's context ({self.max_model_len}).",
+                param="truncate_prompt_tokens",
+            )
+        if k == 0:
+            raise BadRequestError("truncate_prompt_tokens must be -1 or a positive integer, got 0.",
+                                  param="truncate_prompt_tokens")
+        keep = self.max_model_len if k == -1 else k
+        return EnginePrompt(prompt.token_ids[-keep:], prompt.text)
+
     def check_stream_options(self, request: SamplingRequest) -> None:
         if request.stream_options is not None and not request.stream:
             raise BadRequestError("stream_options is only allowed when stream is true.", param="stream_options")
