@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from folio.pooling_params import PoolerConfig
+
 _DTYPE_ALIASES = {
     "half": "float16",
     "float16": "float16",
@@ -44,6 +46,7 @@ class ModelConfig:
     attention_backend: str = "auto"  # "auto", "torch" or "triton"
     generation_config: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     skip_tokenizer_init: bool = False  # no tokenizer: token ids in, token ids out
+    pooler_config: Any = None  # pooling_params.PoolerConfig: embeddings' default pooling
 
     # ---- shapes the engine needs without building the model ------------------------------
     @property
@@ -98,6 +101,7 @@ class ModelConfig:
         hf_overrides: dict[str, Any] | None = None,
         generation_config_source: str = "auto",
         override_generation_config: dict[str, Any] | None = None,
+        pooler_config: dict[str, Any] | None = None,
     ) -> ModelConfig:
         """Read `model`/config.json and resolve dtype and context length, or raise ValueError."""
         hf_config = apply_hf_overrides(load_hf_config(model), hf_overrides)
@@ -126,6 +130,7 @@ class ModelConfig:
                 model, generation_config_source, override_generation_config
             ),
             skip_tokenizer_init=bool(skip_tokenizer_init),
+            pooler_config=PoolerConfig.from_dict(pooler_config),
         )
 
 

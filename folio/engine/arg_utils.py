@@ -57,6 +57,7 @@ class EngineArgs:
     hf_overrides: dict[str, Any] | None = None  # merged into config.json
     generation_config: str = "auto"  # "auto": the checkpoint's; "vllm": none; or a folder
     override_generation_config: dict[str, Any] | None = None
+    pooler_config: dict[str, Any] | None = None  # embeddings: {"pooling_type": "LAST"|"MEAN", "normalize": bool}
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -88,6 +89,7 @@ class EngineArgs:
             hf_overrides=self.hf_overrides,
             generation_config_source=self.generation_config,
             override_generation_config=self.override_generation_config,
+            pooler_config=self.pooler_config,
         )
         cache = CacheConfig(
             block_size=self.block_size,

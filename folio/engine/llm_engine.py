@@ -109,6 +109,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.beam_search = BeamSearchManager(self.scheduler, self.tokenizer, eos, config.model.max_model_len)
         self._request_errors: dict[str, Exception] = {}
+        self._pooler = None  # worker.pooler.Pooler, made on the first embed()
         self.async_scheduling = config.scheduler.async_scheduling
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not updated
         logger.info(
@@ -243,6 +244,20 @@ class LLMEngine:
         except ValueError:
             logger.warning("Ignoring invalid sampling defaults in generation_config.json: %s", kwargs)
             return SamplingParams()
+
+    def embed(self, prompts: list[list[int]], pooler_config: Any) -> list[list[float]]:
+        """Embeddings of token prompts from the model's final hidden states (worker/pooler.py),
+        computed now, between steps, over KV blocks of their own."""
+        from folio.pooling_params import PoolerConfig
+        from folio.worker.pooler import pooler_for_runner
+
+        if not isinstance(pooler_config, PoolerConfig):
+            raise ValueError(f"pooler_config must be a PoolerConfig, got {type(pooler_config).__name__}.")
+        for ids in prompts:
+            self.input_processor.check_length(len(self.input_processor.process_prompt({"prompt_token_ids": ids}).token_ids))
+        if self._pooler is None:
+            self._pooler = pooler_for_runner(self.runner)
+        return self._pooler.embed(prompts, pooler_config)
 
     def stats(self) -> EngineStats:
         s = self.scheduler

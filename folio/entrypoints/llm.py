@@ -13,7 +13,8 @@ from folio.engine.arg_utils import EngineArgs
 from folio.engine.beam_search import BeamSearchOutput, BeamSearchParams, to_beam_search_output
 from folio.engine.input_processor import PromptType
 from folio.engine.llm_engine import LLMEngine
-from folio.outputs import RequestOutput
+from folio.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from folio.pooling_params import PoolingParams
 from folio.sampling_params import RequestOutputKind, SamplingParams
 from folio.transformers_utils.chat_template import render_chat, resolve_chat_template
 
@@ -130,6 +131,37 @@ class LLM:
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (vLLM's LLM.embed): the model's final hidden states pooled
+        as pooler_config says (last token by default, or mean), L2-normalized unless asked not."""
+        prompt_list = _as_prompt_list(prompts)
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            params = [pooling_params or PoolingParams()] * len(prompt_list)
+        else:
+            params = list(pooling_params)
+            if len(params) != len(prompt_list):
+                raise ValueError(f"{len(params)} pooling_params for {len(prompt_list)} prompts.")
+        if truncate_prompt_tokens is not None:
+            SamplingParams(truncate_prompt_tokens=truncate_prompt_tokens)  # the same checks
+        engine = self.llm_engine
+        processed = [engine.input_processor.process_prompt(p) for p in prompt_list]
+        outputs = []
+        default = engine.config.model.pooler_config
+        for i, (prompt, p) in enumerate(zip(processed, params)):
+            ids = SamplingParams(truncate_prompt_tokens=truncate_prompt_tokens).truncated_prompt(
+                prompt.token_ids, engine.config.model.max_model_len
+            )
+            (vector,) = engine.embed([ids], p.resolve(default))
+            request_id = str(next(self._request_counter))
+            outputs.append(EmbeddingRequestOutput(request_id, EmbeddingOutput(vector), ids, True, prompt.text))
+        return outputs
 
     # ---- internals --------------------------------------------------------------------------
     def _params_per_prompt(
