@@ -34,7 +34,10 @@ class PoolerConfig:
         unknown = sorted(set(raw) - {"pooling_type", "normalize"})
         if unknown:
             raise ValueError(f"pooler_config keys {unknown} are not supported (pooling_type and normalize are).")
-        return cls(str(raw.get("pooling_type", "LAST")).upper(), raw.get("normalize", True))
+        try:
+            return cls(str(raw.get("pooling_type", "LAST")).upper(), raw.get("normalize", True))
+        except ValueError as e:
+            raise ValueError(f"pooler_config: {e}") from None
 
 
 @dataclass(frozen=True)
