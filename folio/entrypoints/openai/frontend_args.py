@@ -91,7 +91,7 @@ def add_frontend_args(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--ssl-ca-certs", default=None, help="CA certificates to verify clients against")
     group.add_argument("--enable-log-requests", action="store_true",
                        help="log each request: id, prompt (cut to --max-log-len) and sampling parameters")
-    group.add_argument("--disable-log-requests", action="store_false", dest="enable_log_requests",
+    group.add_argument("--disable-log-requests", action="store_false", dest="enable_log_requests", default=False,
                        help="no request log lines (the default; vLLM's older flag)")
     group.add_argument("--max-log-len", type=int, default=None,
                        help="characters (and token ids) of each prompt in request logs (default: all)")

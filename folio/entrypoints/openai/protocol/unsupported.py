@@ -7,6 +7,7 @@ the request but ignored"), and the request goes on: clients send fields from new
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel
@@ -14,6 +15,14 @@ from pydantic import AfterValidator, BaseModel
 from folio.logger import init_logger
 
 logger = init_logger("folio.entrypoints.openai.protocol")
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Marks a field folio cannot honour: the values it takes, and why (docs/vllm-compat.md)."""
+
+    neutral: tuple[Any, ...]
+    why: str
 
 
 def unsupported(neutral: tuple[Any, ...], why: str) -> Any:
@@ -24,7 +33,17 @@ def unsupported(neutral: tuple[Any, ...], why: str) -> Any:
             raise ValueError(f"folio cannot honour this field ({why}); leave it out")
         return value
 
-    return Annotated[Any, AfterValidator(check)]
+    return Annotated[Any, AfterValidator(check), Refused(neutral, why)]
+
+
+def refused_fields(model: type[BaseModel]) -> dict[str, Refused]:
+    """The model's fields declared with unsupported(), by name."""
+    return {
+        name: marker
+        for name, info in model.model_fields.items()
+        for marker in info.metadata
+        if isinstance(marker, Refused)
+    }
 
 
 def log_ignored_fields(model: type[BaseModel], data: Any) -> None:
