@@ -228,7 +228,7 @@ def logits_processor_arity(proc: Any) -> int:
         return 3 if len(positional) == 3 else 2
     raise SamplingParamsError(
         "logits_processors",
-        f"a logits processor takes (token_ids, logits) or (prompt_token_ids, token_ids, logits); {proc!r} does not.",
+        f"logits_processors: each takes (token_ids, logits) or (prompt_token_ids, token_ids, logits); {proc!r} does not.",
     )
 
 
