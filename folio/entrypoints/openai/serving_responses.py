@@ -180,7 +180,8 @@ def _serving(request: Request) -> OpenAIServingResponses:
 
 
 @router.post("/v1/responses", response_model=ResponsesResponse,
-             responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+             responses={200: {"content": {"text/event-stream": {"schema": {  # each event: its type and JSON
+                 "type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}}},
                               "description": "A response object, or with stream=true typed server-sent events"},
                         **{status: {"model": ErrorResponse} for status in (400, 401, 404, 500, 503)}})
 async def create_response(body: ResponsesRequest, request: Request) -> Any:
