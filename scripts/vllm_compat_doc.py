@@ -113,7 +113,8 @@ def metrics() -> list[str]:
     lines += [f"| `{v}` | `{k}` |" for k, v in VLLM_NAMES.items()]
     lines += ["| `vllm:inter_token_latency_seconds` | (vLLM only: each gap between tokens) |",
               "| `vllm:request_success_total{finished_reason}` | `folio:request_success_total` |", "",
-              "Every series carries vLLM's `model_name` label; counters get prometheus' `_total` suffix."]
+              "vLLM's series carry vLLM's labels, `model_name` and `engine` (\"0\"); counters get prometheus' "
+              "`_total` suffix."]
     return lines
 
 

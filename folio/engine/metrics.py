@@ -88,6 +88,7 @@ class EngineMetrics:
         self.export_vllm = True
         # Every series carries the model name, as vLLM's do, so dashboards carry over.
         self._labels = {"model_name": model_name}
+        self._vllm_labels = {"model_name": model_name, "engine": "0"}  # vLLM v1 numbers its engines
         self.itl = self._vllm_series(Histogram, "vllm:inter_token_latency_seconds",
                                      "Time between consecutive output tokens.", buckets=_TPOT_BUCKETS)
         self.running = self._series(Gauge, "folio:num_requests_running", "Sequences in the running batch.")
@@ -115,10 +116,10 @@ class EngineMetrics:
         success = Counter("folio:request_success", "Finished requests, by finish reason.",
                           [*self._labels, "finished_reason"], registry=self.registry)
         vllm_success = Counter("vllm:request_success", "Finished requests, by finish reason.",
-                               [*self._labels, "finished_reason"], registry=self.vllm_registry)
+                               [*self._vllm_labels, "finished_reason"], registry=self.vllm_registry)
         self._success = {
             reason: _Fanout(success.labels(**self._labels, finished_reason=reason),
-                            vllm_success.labels(**self._labels, finished_reason=reason))
+                            vllm_success.labels(**self._vllm_labels, finished_reason=reason))
             for reason in ("stop", "length", "abort")
         }
         self._tallies: dict[str, _Tally] = {}
@@ -142,8 +143,8 @@ class EngineMetrics:
         return _Fanout(child, self._vllm_series(kind, VLLM_NAMES[name], documentation, **kwargs))
 
     def _vllm_series(self, kind, name: str, documentation: str, **kwargs):
-        metric = kind(name, documentation, list(self._labels), registry=self.vllm_registry, **kwargs)
-        return metric.labels(**self._labels)
+        metric = kind(name, documentation, list(self._vllm_labels), registry=self.vllm_registry, **kwargs)
+        return metric.labels(**self._vllm_labels)
 
     # ---- recording (engine thread) ----------------------------------------------------------
     def record_stats(self, stats: EngineStats) -> None:

@@ -84,7 +84,7 @@ def test_vllm_metrics_beside_folios(server):
                  "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
                  "vllm:request_success_total"):
-        assert re.search(rf'^{name}{{[^}}]*model_name="[^"]+"', text, re.M), name
+        assert re.search(rf'^{name}{{[^}}]*engine="0"[^}}]*model_name="[^"]+"', text, re.M), name
     def value(name):
         return float(re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M).group(1))
     assert value("vllm:generation_tokens_total") == value("folio:generation_tokens_total") >= 5
