@@ -110,3 +110,16 @@ def test_embedding_errors_are_400s_naming_the_field(server, body, param):
     r = httpx.post(f"{server.base_url}/embeddings", json=body)
     assert r.status_code in (400, 404), r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_embeddings_through_an_engine_process(tiny_model, llm):
+    """On a GPU the server's engine runs in a process of its own: the embed command and its
+    answer cross the pipe."""
+    with ServerThread(make_engine(tiny_model, engine_process=True)) as running:
+        r = httpx.post(f"{running.base_url}/embeddings", json={"input": PROMPTS[0]})
+        assert r.status_code == 200, r.text
+        bad = httpx.post(f"{running.base_url}/embeddings", json={"input": [[10**6]]})
+        assert bad.status_code == 400
+    (want,) = llm.embed(PROMPTS[0], use_tqdm=False)
+    torch.testing.assert_close(torch.tensor(r.json()["data"][0]["embedding"]), torch.tensor(want.outputs.embedding),
+                               atol=1e-5, rtol=1e-5)
