@@ -122,7 +122,7 @@ VLLM_ARGS: tuple[VllmArg, ...] = (
     # ---- ModelConfig
     _honoured("model", "ModelConfig", "checkpoint folder or hub id; none: the built-in demo model"),
     _honoured("tokenizer", "ModelConfig"),
-    _honoured("served_model_name", "ModelConfig", "a list takes its first name"),
+    _honoured("served_model_name", "ModelConfig", "one name (a list of one is taken)"),
     _honoured("dtype", "ModelConfig"),
     _honoured("seed", "ModelConfig", "None means 0"),
     _honoured("max_model_len", "ModelConfig"),
@@ -266,6 +266,8 @@ def split_vllm_kwargs(kwargs: Mapping[str, Any], engine_fields: set[str]) -> dic
             if value is None and name in NONE_MEANS_DEFAULT:
                 continue
             if name == "served_model_name" and isinstance(value, (list, tuple)):
+                if len(value) > 1:
+                    raise ValueError(f"served_model_name={list(value)!r}: folio serves a model under one name.")
                 value = value[0] if value else None
             out[name] = value
         elif row is not None:

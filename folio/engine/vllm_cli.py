@@ -31,6 +31,9 @@ def _has_dest(parser: argparse.ArgumentParser, dest: str) -> bool:
 
 def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
     """A flag for every table row with a CLI spec that the parser does not have yet."""
+    for action in parser._actions:
+        if action.dest == "served_model_name":
+            action.nargs = "+"  # vLLM's form; more than one name is refused (vllm_args)
     group = parser.add_argument_group("vLLM compatibility")
     for row in VLLM_ARGS:
         if row.cli is None or _has_dest(parser, row.name):

@@ -1,7 +1,7 @@
 """vLLM's documented examples, run against folio with only the import (and the model) changed.
 
 Each EXAMPLE follows the code of vLLM's examples (offline_inference/basic/{basic,generate,chat,
-embed}.py, online_serving/openai_{completion,chat_completion,embedding}_client.py), trimmed to
+embed}.py, offline_inference/llm_engine_example.py, online_serving/openai_{completion,chat_completion,embedding}_client.py), trimmed to
 their API calls (argument parsing of the scripts themselves left out, max tokens small). Run
 here with `from vllm import` -> `from folio import` (vllm.utils' FlexibleArgumentParser ->
 argparse's), the model name -> the tiny test checkpoint on the CPU, the server address -> the
@@ -112,6 +112,75 @@ def main(args: dict):
 
 parser = create_parser()
 args: dict = vars(parser.parse_args(["--max-tokens", "8", "--device", "cpu", "--max-model-len", "128"]))
+main(args)
+'''
+
+LLM_ENGINE = '''
+import argparse
+
+from vllm import EngineArgs, LLMEngine, RequestOutput, SamplingParams
+from vllm.utils import FlexibleArgumentParser
+
+
+def create_test_prompts() -> list[tuple[str, SamplingParams]]:
+    """Create a list of test prompts with their sampling parameters."""
+    return [
+        (
+            "A robot may not injure a human being",
+            SamplingParams(temperature=0.0, logprobs=1, prompt_logprobs=1),
+        ),
+        (
+            "To be or not to be,",
+            SamplingParams(temperature=0.8, top_k=5, presence_penalty=0.2),
+        ),
+        (
+            "What is the meaning of life?",
+            SamplingParams(n=2, temperature=0.8, top_p=0.95, frequency_penalty=0.1),
+        ),
+    ]
+
+
+def process_requests(engine: LLMEngine, test_prompts: list[tuple[str, SamplingParams]]):
+    """Continuously process a list of prompts and handle the outputs."""
+    request_id = 0
+
+    print("-" * 50)
+    while test_prompts or engine.has_unfinished_requests():
+        if test_prompts:
+            prompt, sampling_params = test_prompts.pop(0)
+            engine.add_request(str(request_id), prompt, sampling_params)
+            request_id += 1
+
+        request_outputs: list[RequestOutput] = engine.step()
+
+        for request_output in request_outputs:
+            if request_output.finished:
+                print(request_output)
+                print("-" * 50)
+
+
+def initialize_engine(args: argparse.Namespace) -> LLMEngine:
+    """Initialize the LLMEngine from the command line arguments."""
+    engine_args = EngineArgs.from_cli_args(args)
+    return LLMEngine.from_engine_args(engine_args)
+
+
+def parse_args():
+    parser = FlexibleArgumentParser(
+        description="Demo on using the LLMEngine class directly"
+    )
+    parser = EngineArgs.add_cli_args(parser)
+    return parser.parse_args(ARGV)
+
+
+def main(args: argparse.Namespace):
+    """Main function that sets up and runs the prompt processing."""
+    engine = initialize_engine(args)
+    test_prompts = create_test_prompts()
+    process_requests(engine, test_prompts)
+
+
+args = parse_args()
 main(args)
 '''
 
@@ -338,6 +407,12 @@ def test_offline_basic(tiny_model):
 def test_offline_generate_with_engine_args_cli(tiny_model):
     _, printed = run_example(GENERATE_WITH_ENGINE_ARGS, tiny_model)
     assert printed.count("Generated text: ") == 4
+
+
+def test_llm_engine_example(tiny_model):
+    source = LLM_ENGINE.replace("ARGV", repr(["--model", tiny_model, "--device", "cpu", "--max-model-len", "128"]))
+    _, printed = run_example(source, tiny_model)
+    assert printed.count("RequestOutput(") == 3
 
 
 def test_offline_chat(tiny_model):

@@ -21,7 +21,7 @@ FIELDS = EngineArgs.field_names()
 FOLIO_ONLY = {"device", "cpu_kv_cache_space", "attention_backend"}
 # One valid non-default value for each honoured argument, and where EngineArgs keeps it.
 HONOURED_SAMPLES = {
-    "model": "org/name", "tokenizer": "tok", "served_model_name": ["a", "b"], "dtype": "bfloat16", "seed": 7,
+    "model": "org/name", "tokenizer": "tok", "served_model_name": ["a"], "dtype": "bfloat16", "seed": 7,
     "max_model_len": 64, "max_logprobs": 5, "enforce_eager": True, "skip_tokenizer_init": True,
     "hf_overrides": {"rope_theta": 1.0}, "generation_config": "vllm", "override_generation_config": {"top_k": 3},
     "load_format": "dummy", "block_size": 32, "gpu_memory_utilization": 0.5, "num_gpu_blocks_override": 10,
@@ -86,6 +86,12 @@ def test_every_row_has_its_vllm_flag(row):
         bad = parser.parse_args(["--model", "org/name", *_flag_argv(row, row.bad)])
         with pytest.raises(ValueError, match=row.name):
             EngineArgs.from_cli_args(bad)
+
+
+def test_served_model_name_takes_one_name():
+    assert EngineArgs.from_cli_args(_parser().parse_args(["--served-model-name", "m"])).served_model_name == "m"
+    with pytest.raises(ValueError, match="one name"):
+        EngineArgs.from_cli_args(_parser().parse_args(["--served-model-name", "a", "b"]))
 
 
 def test_vllm_short_flags_and_json_flags():
