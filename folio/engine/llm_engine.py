@@ -253,8 +253,9 @@ class LLMEngine:
 
         if not isinstance(pooler_config, PoolerConfig):
             raise ValueError(f"pooler_config must be a PoolerConfig, got {type(pooler_config).__name__}.")
-        for ids in prompts:
-            self.input_processor.check_length(len(self.input_processor.process_prompt({"prompt_token_ids": ids}).token_ids))
+        for ids in prompts:  # the same checks as a generation prompt's: ids in the vocabulary, length
+            processed = self.input_processor.process_prompt({"prompt_token_ids": ids})
+            self.input_processor.check_length(len(processed.token_ids))
         if self._pooler is None:
             self._pooler = pooler_for_runner(self.runner)
         return self._pooler.embed(prompts, pooler_config)

@@ -148,17 +148,19 @@ class LLM:
             params = list(pooling_params)
             if len(params) != len(prompt_list):
                 raise ValueError(f"{len(params)} pooling_params for {len(prompt_list)} prompts.")
-        if truncate_prompt_tokens is not None:
-            SamplingParams(truncate_prompt_tokens=truncate_prompt_tokens)  # the same checks
+        truncation = SamplingParams(truncate_prompt_tokens=truncate_prompt_tokens)  # its checks, its rule
         engine = self.llm_engine
+        model = engine.config.model
         processed = [engine.input_processor.process_prompt(p) for p in prompt_list]
+        token_ids = [truncation.truncated_prompt(p.token_ids, model.max_model_len) for p in processed]
+        configs = [p.resolve(model.pooler_config) for p in params]
+        vectors: list[list[float] | None] = [None] * len(prompt_list)
+        for config in dict.fromkeys(configs):  # one engine call per pooling configuration
+            rows = [i for i, c in enumerate(configs) if c == config]
+            for i, vector in zip(rows, engine.embed([token_ids[i] for i in rows], config)):
+                vectors[i] = vector
         outputs = []
-        default = engine.config.model.pooler_config
-        for i, (prompt, p) in enumerate(zip(processed, params)):
-            ids = SamplingParams(truncate_prompt_tokens=truncate_prompt_tokens).truncated_prompt(
-                prompt.token_ids, engine.config.model.max_model_len
-            )
-            (vector,) = engine.embed([ids], p.resolve(default))
+        for prompt, ids, vector in zip(processed, token_ids, vectors):
             request_id = str(next(self._request_counter))
             outputs.append(EmbeddingRequestOutput(request_id, EmbeddingOutput(vector), ids, True, prompt.text))
         return outputs
