@@ -66,9 +66,10 @@ class VllmArg:
 
 
 def _same(value: Any, ok: Any) -> bool:
-    if isinstance(ok, bool) or isinstance(value, bool):
+    """Equal and of the same type: True is not 1, 1.0 is not 1 (vLLM's types are exact)."""
+    if isinstance(ok, bool) or isinstance(value, bool) or ok is None or value is None:
         return value is ok
-    return value == ok and type(value) is type(ok) or (ok is None and value is None)
+    return type(value) is type(ok) and value == ok
 
 
 def _json_arg(text: str) -> Any:

@@ -78,6 +78,8 @@ def test_vllm_sampling_extras_over_http_equal_offline(server, offline):
 
 def test_vllm_metrics_beside_folios(server):
     assert _post(server, "/completions", {"prompt": "count me", "max_tokens": 5, "ignore_eos": True}).status_code == 200
+    streamed = _post(server, "/completions", {"prompt": "stream me", "max_tokens": 6, "ignore_eos": True, "stream": True})
+    assert streamed.status_code == 200 and "[DONE]" in streamed.text  # a DELTA request: gaps step by step
     text = httpx.get(f"{server.url}/metrics").text
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
