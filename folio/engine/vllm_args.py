@@ -91,7 +91,7 @@ def _local_model_only(value: Any, call: Mapping[str, Any]) -> str | None:
     model = call.get("model")
     if model is not None and os.path.isdir(os.path.expanduser(str(model))):
         return None
-    return "it is only accepted with a local checkpoint folder as model (folio fetches hub ids' default revision)"
+    return "it is only accepted with a local checkpoint folder as model (folio fetches hub ids' default revision, with the environment's HF_TOKEN)"
 
 
 def _honoured(name: str, group: str, note: str = "", cli: dict[str, Any] | None = None) -> VllmArg:
@@ -157,6 +157,15 @@ VLLM_ARGS: tuple[VllmArg, ...] = (
     _noop("convert", "ModelConfig", "a decoder model embeds by pooling its last hidden states",
           accepted=("auto", "none", "embed"), bad="classify", cli={"type": str, "default": "auto"}),
     _honoured("pooler_config", "ModelConfig", "pooling_type LAST (default) or MEAN, normalize", cli=_JSON),
+    _noop("hf_token", "ModelConfig", "accepted with a local checkpoint folder", bad="hf_xxx", cli=None,
+          check=_local_model_only),
+    _noop("config_format", "ModelConfig", "config.json is read as Hugging Face writes it", accepted=("auto", "hf"),
+          bad="mistral", cli={"type": str, "default": "auto"}),
+    _noop("task", "ModelConfig", "vLLM's older name for runner", accepted=("auto", "generate", "embed"),
+          bad="classify", cli=None),
+    _error("logits_processors", "ModelConfig", (None, []), ["my.Processor"],
+           "engine-wide processor classes; per-request callables go in SamplingParams.logits_processors", cli=None),
+    _error("enable_prompt_embeds", "ModelConfig", (False,), True, "prompts are token ids", cli=_BOOL),
     _noop("allowed_local_media_path", "ModelConfig", "text only: no media is read", accepted=("", None),
           bad="/tmp", cli={"type": str, "default": ""}),
     _pending("quantization", "ModelConfig", "quant", (None,), "fp8", cli={"type": str, "default": None, "aliases": ["-q"]}),
@@ -176,6 +185,9 @@ VLLM_ARGS: tuple[VllmArg, ...] = (
     _error("cpu_offload_gb", "CacheConfig", (0, 0.0), 4, "weights stay on the device",
            cli={"type": float, "default": 0}),
     _noop("calculate_kv_scales", "CacheConfig", "no FP8 KV scales to calculate", accepted=(False,), bad=True, cli=_BOOL),
+    _error("kv_cache_memory_bytes", "CacheConfig", (None,), 2**30,
+           "size the KV cache with gpu_memory_utilization or num_gpu_blocks_override", cli={"type": int, "default": None}),
+    _noop("mm_processor_cache_gb", "CacheConfig", "text only: nothing to cache", cli={"type": float, "default": 4}),
     _noop("prefix_caching_hash_algo", "CacheConfig", "folio's block hash is SHA-256 based",
           accepted=("sha256", "sha256_cbor", "builtin"), bad="md5", cli={"type": str, "default": "sha256"}),
     # ---- ParallelConfig
@@ -195,6 +207,10 @@ VLLM_ARGS: tuple[VllmArg, ...] = (
     _honoured("scheduling_policy", "SchedulerConfig"),
     _honoured("async_scheduling", "SchedulerConfig", "None means on"),
     _honoured("preemption_mode", "SchedulerConfig", "folio extra: recompute or swap"),
+    _noop("cuda_graph_sizes", "SchedulerConfig", "folio captures its own decode batch sizes (enforce_eager: none)",
+          cli=None),
+    _noop("disable_hybrid_kv_cache_manager", "SchedulerConfig", "one KV cache manager for every supported model",
+          cli=_BOOL),
     _noop("disable_chunked_mm_input", "SchedulerConfig", "text only", cli=_BOOL),
     _noop("disable_async_output_proc", "SchedulerConfig", "outputs are processed while the next step runs",
           cli=_BOOL),
@@ -213,6 +229,8 @@ VLLM_ARGS: tuple[VllmArg, ...] = (
     # ---- ObservabilityConfig
     _noop("disable_log_stats", "ObservabilityConfig", "folio logs no periodic stats; /metrics is always on",
           cli=_BOOL),
+    _noop("show_hidden_metrics_for_version", "ObservabilityConfig", "no hidden metrics", cli=_STR),
+    _error("collect_detailed_traces", "ObservabilityConfig", (None,), ["model"], "no tracing", cli=_JSON),
     _error("otlp_traces_endpoint", "ObservabilityConfig", (None,), "http://localhost:4317", "no tracing",
            cli=_STR),
     # ---- VllmConfig

@@ -68,7 +68,7 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: every interface)")
     g.add_argument("--port", type=int, default=d.port, help="port to listen on (0: any free port, logged)")
     g.add_argument("--api-key", default=None,
-                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}); /health and /metrics stay open")
+                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}); /health, /ping, /version and /metrics stay open")
     g.add_argument("--chat-template", default=None,
                    help="chat template file or Jinja text (default: the checkpoint's)")
     g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests,
