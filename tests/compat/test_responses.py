@@ -39,7 +39,8 @@ def test_responses_create_equals_chat(client, offline):
     want = _chat_greedy(offline, [{"role": "system", "content": "Be brief."},
                                   {"role": "user", "content": "Tell me a story."}], 12)
     assert response.output_text == want.text
-    assert response.object == "response"
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.output[0].id == "msg_" + response.id.removeprefix("resp_")
     assert response.status == ("incomplete" if want.finish_reason == "length" else "completed")
     assert response.usage.output_tokens == len(want.token_ids)
     assert response.output[0].role == "assistant"

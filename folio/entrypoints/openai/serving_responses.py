@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,7 +31,7 @@ from folio.entrypoints.openai.protocol.responses import (
     ResponsesResponse,
     ResponseUsage,
 )
-from folio.entrypoints.openai.serving_engine import EnginePrompt, OpenAIServing, random_id
+from folio.entrypoints.openai.serving_engine import EnginePrompt, OpenAIServing
 from folio.entrypoints.openai.streaming import EventStreamResponse, final_outputs
 from folio.outputs import RequestOutput
 from folio.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
@@ -50,7 +51,7 @@ class OpenAIServingResponses(OpenAIServing):
         max_tokens = self.fit_max_tokens(len(prompt.token_ids), request.max_output_tokens, None,
                                          prompt_param="input", max_tokens_param="max_output_tokens")
         params = self._params(request, max_tokens)
-        response_id = random_id("resp")
+        response_id = f"resp_{uuid.uuid4().hex}"  # OpenAI's resp_ / msg_ ids, not random_id's dash
         streams = await self.add_requests(response_id, [prompt], [params], request.priority)
         shell = self._shell(request, response_id)
         if request.stream:
@@ -101,7 +102,7 @@ class OpenAIServingResponses(OpenAIServing):
 
     async def _events(self, shell: ResponsesResponse, stream: RequestStream) -> AsyncIterator[str]:
         events = _EventWriter()
-        message_id = "msg_" + shell.id.removeprefix("resp-")
+        message_id = "msg_" + shell.id.removeprefix("resp_")
         empty = OutputMessage(id=message_id, status="in_progress", content=[])
         yield events.write("response.created", response=shell.model_dump())
         yield events.write("response.in_progress", response=shell.model_dump())
@@ -150,7 +151,7 @@ def _finish(shell: ResponsesResponse, output: RequestOutput | None, text: str | 
     if text is None:
         text = completion.text if completion is not None else ""
     cut = completion is not None and completion.finish_reason == "length"
-    message_id = "msg_" + shell.id.removeprefix("resp-")
+    message_id = "msg_" + shell.id.removeprefix("resp_")
     status = "incomplete" if cut else "completed"
     message = OutputMessage(id=message_id, status=status, content=[OutputText(text=text)])
     usage = None
