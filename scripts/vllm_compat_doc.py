@@ -112,6 +112,7 @@ def metrics() -> list[str]:
     lines = ["## Metrics (`--metrics-compat vllm`, the default)", "", "| vLLM series | folio series |", "|---|---|"]
     lines += [f"| `{v}` | `{k}` |" for k, v in VLLM_NAMES.items()]
     lines += ["| `vllm:inter_token_latency_seconds` | (vLLM only: each gap between tokens) |",
+              "| `vllm:request_prompt_tokens`, `vllm:request_generation_tokens` | (vLLM only: per finished request) |",
               "| `vllm:request_success_total{finished_reason}` | `folio:request_success_total` |", "",
               "vLLM's series carry vLLM's labels, `model_name` and `engine` (\"0\"); counters get prometheus' "
               "`_total` suffix."]

@@ -65,6 +65,9 @@ class _Fanout:
             child.observe(value)
 
 
+# vLLM's 1-2-5 buckets for token counts.
+_LENGTH_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5))
+
 # folio series -> vLLM's name for the same quantity (prometheus_client adds _total to counters).
 VLLM_NAMES = {
     "folio:num_requests_running": "vllm:num_requests_running",
@@ -91,6 +94,11 @@ class EngineMetrics:
         self._vllm_labels = {"model_name": model_name, "engine": "0"}  # vLLM v1 numbers its engines
         self.itl = self._vllm_series(Histogram, "vllm:inter_token_latency_seconds",
                                      "Time between consecutive output tokens.", buckets=_TPOT_BUCKETS)
+        self.request_prompt_tokens = self._vllm_series(Histogram, "vllm:request_prompt_tokens",
+                                                       "Prompt tokens per finished request.", buckets=_LENGTH_BUCKETS)
+        self.request_generation_tokens = self._vllm_series(
+            Histogram, "vllm:request_generation_tokens", "Generated tokens per finished request.", buckets=_LENGTH_BUCKETS
+        )
         self.running = self._series(Gauge, "folio:num_requests_running", "Sequences in the running batch.")
         self.waiting = self._series(Gauge, "folio:num_requests_waiting", "Sequences waiting to be scheduled.")
         self.kv_usage = self._series(Gauge, "folio:kv_cache_usage_perc", "Fraction of KV blocks in use, 0 to 1.")
@@ -211,6 +219,8 @@ class EngineMetrics:
         reason = tally.reasons.get(0) or next(iter(tally.reasons.values()), "stop")
         if reason in self._success:
             self._success[reason].inc()
+        self.request_prompt_tokens.observe(len(output.prompt_token_ids))
+        self.request_generation_tokens.observe(sum(tally.tokens.values()))
         m = output.metrics
         if m is None:
             return

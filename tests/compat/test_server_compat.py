@@ -94,6 +94,9 @@ def test_vllm_metrics_beside_folios(server):
     # every generated token after a request's first has one inter-token gap
     requests = value("vllm:e2e_request_latency_seconds_count")
     assert value("vllm:inter_token_latency_seconds_count") == value("vllm:generation_tokens_total") - requests
+    assert value("vllm:request_generation_tokens_sum") == value("vllm:generation_tokens_total")
+    assert value("vllm:request_prompt_tokens_sum") == value("vllm:prompt_tokens_total")
+    assert value("vllm:request_prompt_tokens_count") == requests
 
 
 def test_metrics_compat_none_hides_vllm_names(tiny_model):
