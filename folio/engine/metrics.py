@@ -18,6 +18,7 @@ token for requests that report only at the end.
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 
@@ -44,6 +45,20 @@ class _Tally:
     last_token_time: float | None = None  # when the latest token seen so far was made
     tokens: dict[int, int] = field(default_factory=dict)  # completion index -> tokens so far
     reasons: dict[int, str] = field(default_factory=dict)  # completion index -> finish reason
+
+
+def observe_repeated(histogram, value: float, count: int) -> None:
+    """`count` observations of one value at the cost of one: a request reported only at its end
+    has one gap per token, and the event loop should not pay a call per token for them.
+    prometheus_client has no weighted observe, so this adds to the sum and to the bucket that
+    observe() would (its `_sum`, `_buckets`, `_upper_bounds`), or loops where those are missing."""
+    buckets, bounds = getattr(histogram, "_buckets", None), getattr(histogram, "_upper_bounds", None)
+    if buckets is None or bounds is None:
+        for _ in range(count):
+            histogram.observe(value)
+        return
+    histogram._sum.inc(value * count)
+    buckets[bisect.bisect_left(bounds, value)].inc(count)  # the first bound >= value, as observe()
 
 
 class _Fanout:
@@ -212,8 +227,7 @@ class EngineMetrics:
         if previous is None or new_tokens < 1:
             return
         gap = max(0.0, m.last_token_time - previous) / new_tokens
-        for _ in range(new_tokens):
-            self.itl.observe(gap)
+        observe_repeated(self.itl, gap, new_tokens)
 
     def _record_finished(self, output: RequestOutput, tally: _Tally) -> None:
         reason = tally.reasons.get(0) or next(iter(tally.reasons.values()), "stop")
