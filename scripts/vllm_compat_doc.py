@@ -96,10 +96,11 @@ def request_fields() -> list[str]:
 
 
 def endpoints() -> list[str]:
-    from folio.entrypoints.openai import compat_routes, router, serving_embedding, serving_responses
+    from folio.entrypoints.openai import compat_routes, router, serving_embedding, serving_responses, serving_score
 
     rows = []
-    for r in (router.router, compat_routes.compat_router, serving_embedding.router, serving_responses.router):
+    for r in (router.router, compat_routes.compat_router, serving_embedding.router, serving_responses.router,
+              serving_score.router):
         for route in r.routes:
             rows.append((route.path, ", ".join(sorted(route.methods))))
     lines = ["## Endpoints", "", "| path | methods |", "|---|---|"]

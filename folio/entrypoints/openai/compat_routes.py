@@ -1,5 +1,5 @@
 """The vLLM-compatibility parts of the app: /ping, CORS, request logging, and the routers of
-vLLM's other endpoints (/v1/embeddings, /v1/responses), kept out of the main router."""
+vLLM's other endpoints (/v1/embeddings, /v1/responses, /v1/score, /v1/rerank), kept out of the main router."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ async def ping(request: Request):
 
 def include_compat_routes(app: FastAPI) -> None:
     app.include_router(compat_router)
-    for module_name in ("folio.entrypoints.openai.serving_embedding", "folio.entrypoints.openai.serving_responses"):
+    for module_name in ("folio.entrypoints.openai.serving_embedding", "folio.entrypoints.openai.serving_responses",
+                        "folio.entrypoints.openai.serving_score"):
         try:
             module = __import__(module_name, fromlist=["router"])
         except ModuleNotFoundError as e:
