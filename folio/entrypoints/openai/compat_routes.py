@@ -3,7 +3,8 @@ vLLM's other endpoints (/v1/embeddings, /v1/responses, /v1/score, /v1/rerank), k
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -24,6 +25,17 @@ async def ping(request: Request):
     from folio.entrypoints.openai.router import health
 
     return await health(request)
+
+
+def lazy_serving(request: Request, name: str, make: Callable[[ServingState], Any]) -> Any:
+    """The app's serving object `name` for an endpoint outside the main router, made from the
+    main ServingState on first use (ServingState itself is shared and frozen)."""
+    state = request.app.state
+    serving = getattr(state, name, None)
+    if serving is None:
+        serving = make(state.serving)
+        setattr(state, name, serving)
+    return serving
 
 
 def include_compat_routes(app: FastAPI) -> None:

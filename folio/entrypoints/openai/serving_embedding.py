@@ -79,12 +79,9 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 
 
 def _serving(request: Request) -> OpenAIServingEmbedding:
-    state = request.app.state
-    serving = getattr(state, "embedding", None)
-    if serving is None:
-        engine = state.serving.engine
-        serving = state.embedding = OpenAIServingEmbedding(engine, engine.model_config.served_model_name)
-    return serving
+    from folio.entrypoints.openai.compat_routes import lazy_serving
+
+    return lazy_serving(request, "embedding", lambda s: OpenAIServingEmbedding(s.engine, s.completion.model_name))
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingResponse,

@@ -171,13 +171,15 @@ def _num_output_tokens(output: RequestOutput) -> int:
 
 
 def _serving(request: Request) -> OpenAIServingResponses:
-    state = request.app.state
-    serving = getattr(state, "responses", None)
-    if serving is None:
-        chat = state.serving.chat
-        serving = state.responses = OpenAIServingResponses(chat.engine, chat.model_name, chat.chat_template)
+    from folio.entrypoints.openai.compat_routes import lazy_serving
+
+    def make(state) -> OpenAIServingResponses:
+        chat = state.chat
+        serving = OpenAIServingResponses(chat.engine, chat.model_name, chat.chat_template)
         serving.request_logger = chat.request_logger
-    return serving
+        return serving
+
+    return lazy_serving(request, "responses", make)
 
 
 @router.post("/v1/responses", response_model=ResponsesResponse,

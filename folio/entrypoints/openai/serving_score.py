@@ -109,12 +109,9 @@ def _pairs(text_1: Text, text_2: Text) -> tuple[list[str], list[str]]:
 
 
 def _serving(request: Request) -> OpenAIServingScore:
-    state = request.app.state
-    serving = getattr(state, "score", None)
-    if serving is None:
-        engine = state.serving.engine
-        serving = state.score = OpenAIServingScore(engine, engine.model_config.served_model_name)
-    return serving
+    from folio.entrypoints.openai.compat_routes import lazy_serving
+
+    return lazy_serving(request, "score", lambda s: OpenAIServingScore(s.engine, s.completion.model_name))
 
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 500, 503)}
