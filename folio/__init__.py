@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from folio.lora.request import LoRARequest
 from folio.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from folio.pooling_params import PoolingParams
 from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
@@ -44,6 +45,7 @@ __all__ = [
     "EngineArgs",
     "LLMEngine",
     "Logprob",
+    "LoRARequest",
     "PoolingParams",
     "RequestOutput",
     "RequestOutputKind",

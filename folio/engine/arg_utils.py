@@ -14,6 +14,7 @@ from folio.config import (
     CacheConfig,
     DeviceConfig,
     EngineConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -58,6 +59,12 @@ class EngineArgs:
     generation_config: str = "auto"  # "auto": the checkpoint's; "vllm": none; or a folder
     override_generation_config: dict[str, Any] | None = None
     pooler_config: dict[str, Any] | None = None  # embeddings: {"pooling_type": "LAST"|"MEAN", "normalize": bool}
+    quantization: str | None = None  # None: the checkpoint's quantization_config, if any
+    # Multi-LoRA (vLLM's names): adapters per step, their largest rank, adapters kept on the CPU.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -90,6 +97,7 @@ class EngineArgs:
             generation_config_source=self.generation_config,
             override_generation_config=self.override_generation_config,
             pooler_config=self.pooler_config,
+            quantization=self.quantization,
         )
         cache = CacheConfig(
             block_size=self.block_size,
@@ -110,7 +118,8 @@ class EngineArgs:
         )
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}.")
-        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig())
+        lora = LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora else None
+        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig(), lora=lora)
 
     def _max_num_batched_tokens(self, max_model_len: int) -> int:
         if self.max_num_batched_tokens is not None:
@@ -152,6 +161,17 @@ class EngineArgs:
             default=d.async_scheduling,
             help="plan and launch each step while the previous one runs on the device",
         )
+        g.add_argument(
+            "--quantization",
+            "-q",
+            default=None,
+            help="compressed-tensors, gptq, awq (read from the checkpoint; default: its "
+            "quantization_config), or fp8 / int4-rtn to quantize an unquantized checkpoint on load",
+        )
+        g.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters on top of the model")
+        g.add_argument("--max-loras", type=int, default=d.max_loras, help="distinct adapters in one step (GPU slots)")
+        g.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank, help="largest adapter rank")
+        g.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept on the CPU (default: --max-loras)")
         from folio.engine.vllm_cli import add_vllm_flags
 
         add_vllm_flags(parser)  # vLLM's flag names, after folio's own (which take precedence)

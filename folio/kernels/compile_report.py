@@ -58,9 +58,9 @@ def _compile_instead_of_launch(arch: int, results: list):
 
 
 def _allow_cpu_stand_ins() -> None:
-    from folio.kernels import activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary
+    from folio.kernels import activation, lora_expand, lora_shrink, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary
 
-    for module in (activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary):
+    for module in (activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary, lora_shrink, lora_expand):
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
 
 
@@ -100,6 +100,25 @@ def _launch_all(dtype: torch.dtype) -> list[str]:
     cases.append("16 q + 8 k heads")
     silu_and_mul_triton(torch.zeros(t, 2 * 3072, dtype=dtype))
     cases.append("inter 3072")
+    return cases + _launch_lora(dtype)
+
+
+def _launch_lora(dtype: torch.dtype) -> list[str]:
+    """LoRA shrink / expand at Llama-3.1-8B's QKV shapes, rank 16, 8 slots: decode and prefill."""
+    from folio.kernels.lora_expand import lora_expand_triton
+    from folio.kernels.lora_shrink import LoRABlocks, lora_shrink_triton, num_blocks
+
+    slots, rank, hidden, shards = 8, 16, 4096, [4096, 1024, 1024]
+    cases = []
+    for t in (256, 2048):
+        i32 = lambda n: torch.zeros(n, dtype=torch.int32)  # noqa: E731
+        blocks = LoRABlocks(*(i32(num_blocks(t, slots)) for _ in range(3)))
+        a = torch.zeros(slots, 3 * rank, hidden, dtype=dtype)
+        lora_shrink_triton(torch.zeros(t, hidden, dtype=dtype), a, i32(t), blocks)
+        b = torch.zeros(slots, sum(shards), rank, dtype=dtype)
+        lora_expand_triton(torch.zeros(t, sum(shards), dtype=dtype), torch.zeros(t, 3 * rank), b, i32(4),
+                           i32(t), blocks, shards)
+        cases += [f"lora shrink {t} tokens", f"lora expand {t} tokens"]
     return cases
 
 

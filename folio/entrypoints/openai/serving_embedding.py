@@ -26,12 +26,19 @@ router = APIRouter()
 
 
 class OpenAIServingEmbedding(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, model_name: str) -> None:
-        super().__init__(engine, model_name)
+    def __init__(self, engine: AsyncLLM, model_name: str, models: Any = None) -> None:
+        super().__init__(engine, model_name, models=models)
         self.pooler_config = engine.model_config.pooler_config
 
+    def check_base_model(self, model: str | None) -> None:
+        """The served model (or None); a LoRA adapter's name is refused: pooling runs the base
+        model only, so an adapter's embeddings would silently be the base model's."""
+        if self.check_model(model) is not None:
+            raise BadRequestError(f"{model!r} is a LoRA adapter; embeddings come from the base model only.",
+                                  param="model")
+
     async def create(self, request: EmbeddingRequest) -> EmbeddingResponse:
-        self.check_model(request.model)
+        self.check_base_model(request.model)
         if request.dimensions is not None:
             raise BadRequestError("dimensions is not supported: folio returns full-size embeddings.",
                                   param="dimensions")
@@ -81,7 +88,7 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 def _serving(request: Request) -> OpenAIServingEmbedding:
     from folio.entrypoints.openai.compat_routes import lazy_serving
 
-    return lazy_serving(request, "embedding", lambda s: OpenAIServingEmbedding(s.engine, s.completion.model_name))
+    return lazy_serving(request, "embedding", lambda s: OpenAIServingEmbedding(s.engine, s.completion.model_name, s.models))
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingResponse,

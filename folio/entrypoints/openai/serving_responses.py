@@ -41,7 +41,7 @@ router = APIRouter()
 
 class OpenAIServingResponses(OpenAIServing):
     async def create(self, request: ResponsesRequest) -> ResponsesResponse | EventStreamResponse:
-        self.check_model(request.model)
+        lora = self.check_model(request.model)
         if self.chat_template is None:
             raise BadRequestError("The model has no chat template; start the server with --chat-template.",
                                   param="input")
@@ -52,7 +52,7 @@ class OpenAIServingResponses(OpenAIServing):
                                          prompt_param="input", max_tokens_param="max_output_tokens")
         params = self._params(request, max_tokens)
         response_id = f"resp_{uuid.uuid4().hex}"  # OpenAI's resp_ / msg_ ids, not random_id's dash
-        streams = await self.add_requests(response_id, [prompt], [params], request.priority)
+        streams = await self.add_requests(response_id, [prompt], [params], request.priority, None, lora)
         shell = self._shell(request, response_id)
         if request.stream:
             return EventStreamResponse(self._events(shell, streams[0]), streams)
@@ -175,7 +175,7 @@ def _serving(request: Request) -> OpenAIServingResponses:
 
     def make(state) -> OpenAIServingResponses:
         chat = state.chat
-        serving = OpenAIServingResponses(chat.engine, chat.model_name, chat.chat_template)
+        serving = OpenAIServingResponses(chat.engine, chat.model_name, chat.chat_template, models=chat.models)
         serving.request_logger = chat.request_logger
         return serving
 

@@ -74,7 +74,7 @@ class RerankResponse(BaseModel):
 class OpenAIServingScore(OpenAIServingEmbedding):
     async def scores(self, request: Any, firsts: list[str], seconds: list[str]) -> tuple[list[float], int]:
         """Cosine similarity of each (first, second) pair of texts, and the tokens read."""
-        self.check_model(request.model)
+        self.check_base_model(request.model)
         texts = list(dict.fromkeys(firsts + seconds))  # each distinct text embedded once
         prompts = [self.truncate_prompt(p, request) for p in (self._text_prompt(t) for t in texts)]
         config = PoolerConfig(self.pooler_config.pooling_type, normalize=True)
@@ -111,7 +111,7 @@ def _pairs(text_1: Text, text_2: Text) -> tuple[list[str], list[str]]:
 def _serving(request: Request) -> OpenAIServingScore:
     from folio.entrypoints.openai.compat_routes import lazy_serving
 
-    return lazy_serving(request, "score", lambda s: OpenAIServingScore(s.engine, s.completion.model_name))
+    return lazy_serving(request, "score", lambda s: OpenAIServingScore(s.engine, s.completion.model_name, s.models))
 
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 500, 503)}
