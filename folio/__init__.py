@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from folio.lora.request import LoRARequest
-from folio.outputs import CompletionOutput, Logprob, RequestOutput
+from folio.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
+from folio.pooling_params import PoolingParams
 from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from folio.version import __version__
 
@@ -39,10 +40,13 @@ __all__ = [
     "LLM",
     "BeamSearchParams",
     "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
     "EngineArgs",
     "LLMEngine",
     "Logprob",
     "LoRARequest",
+    "PoolingParams",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",

@@ -54,3 +54,25 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     kv_transfer_params: dict | None = field(default=None, repr=False)
+
+
+@dataclass
+class EmbeddingOutput:
+    """One prompt's embedding (vLLM's name); `hidden_size` numbers."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What `LLM.embed` returns per prompt, as vLLM's: `output.outputs.embedding`."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    prompt: str | None = None

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import enum
+import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -60,8 +62,17 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra_args: dict[str, Any] | None = None
+    # vLLM's: words never generated (each as token sequences, with and without a leading space)
+    bad_words: list[str] | None = None
+    # vLLM's callables: (output_token_ids, logits) -> logits, or (prompt_token_ids,
+    # output_token_ids, logits) -> logits, on one row's float32 logits [vocab]; offline only.
+    logits_processors: list[Callable[..., Any]] | None = None
+    # Keep only the prompt's last k tokens (-1: the last max_model_len).
+    truncate_prompt_tokens: int | None = None
     # Filled by the engine, not by users: EOS ids of the model plus stop_token_ids.
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    # Filled by the engine from bad_words (update_from_tokenizer).
+    _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.stop = _normalize_stop(self.stop)
@@ -131,6 +142,28 @@ class SamplingParams:
                 _check_int("allowed_token_ids", tok, minimum=0, what="non-negative token ids")
         if not isinstance(self.output_kind, RequestOutputKind):
             self.output_kind = RequestOutputKind(self.output_kind)
+        self._verify_vllm_extras()
+
+    def _verify_vllm_extras(self) -> None:
+        if self.bad_words is not None:
+            if isinstance(self.bad_words, str) or not isinstance(self.bad_words, (list, tuple)) or not all(
+                isinstance(w, str) and w.strip() for w in self.bad_words
+            ):
+                raise SamplingParamsError("bad_words", "bad_words must be a list of non-blank strings.")
+            self.bad_words = list(self.bad_words)
+        if self.logits_processors is not None:
+            if not isinstance(self.logits_processors, (list, tuple)):
+                raise SamplingParamsError("logits_processors", "logits_processors must be a list of callables.")
+            self.logits_processors = list(self.logits_processors)
+            for proc in self.logits_processors:
+                logits_processor_arity(proc)
+        if self.truncate_prompt_tokens is not None:
+            _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, minimum=-1,
+                       what="-1 (the model's context) or a positive integer")
+            if self.truncate_prompt_tokens == 0:
+                raise SamplingParamsError(
+                    "truncate_prompt_tokens", "truncate_prompt_tokens must be -1 or a positive integer, got 0."
+                )
 
     # ---- helpers ----------------------------------------------------------------------------
     @property
@@ -147,11 +180,56 @@ class SamplingParams:
         if not self.ignore_eos:
             self._all_stop_token_ids |= set(eos_token_ids)
 
+    def update_from_tokenizer(self, tokenizer: Any) -> None:
+        """Token sequences of bad_words, as vLLM makes them: each word as written without a
+        leading space, and with one where that gives a different sequence of the same length."""
+        self._bad_words_token_ids = []
+        for word in self.bad_words or []:
+            for prefix_space in (False, True):
+                text = (" " if prefix_space else "") + word.lstrip()
+                ids = list(tokenizer.encode(text, add_special_tokens=False))
+                if not ids:
+                    continue
+                previous = self._bad_words_token_ids[-1] if self._bad_words_token_ids else None
+                if prefix_space and previous is not None and (ids[0] == previous[0] or len(ids) != len(previous)):
+                    continue
+                self._bad_words_token_ids.append(ids)
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]]:
+        return self._bad_words_token_ids
+
+    def truncated_prompt(self, token_ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt's last truncate_prompt_tokens tokens (all of them when unset)."""
+        k = self.truncate_prompt_tokens
+        if k is None:
+            return token_ids
+        return token_ids[-(max_model_len if k == -1 else k):]
+
     def clone(self) -> SamplingParams:
-        return copy.deepcopy(self)
+        # Logits processors may hold state or tensors: clones share them, as in vLLM.
+        memo = {id(proc): proc for proc in self.logits_processors or []}
+        return copy.deepcopy(self, memo)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+
+def logits_processor_arity(proc: Any) -> int:
+    """2 for (output_ids, logits), 3 for (prompt_ids, output_ids, logits); else an error."""
+    if not callable(proc):
+        raise SamplingParamsError("logits_processors", f"logits_processors must be callables, got {proc!r}.")
+    try:
+        params = inspect.signature(proc).parameters.values()
+    except (TypeError, ValueError):
+        return 2  # a builtin without a signature: the two-argument form
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    if any(p.kind is p.VAR_POSITIONAL for p in params) or len(positional) in (2, 3):
+        return 3 if len(positional) == 3 else 2
+    raise SamplingParamsError(
+        "logits_processors",
+        f"logits_processors: each takes (token_ids, logits) or (prompt_token_ids, token_ids, logits); {proc!r} does not.",
+    )
 
 
 def _normalize_stop(stop: Any) -> list[str]:

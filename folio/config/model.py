@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from folio.pooling_params import PoolerConfig
+
 _DTYPE_ALIASES = {
     "half": "float16",
     "float16": "float16",
@@ -48,6 +50,8 @@ class ModelConfig:
     enforce_eager: bool = False
     attention_backend: str = "auto"  # "auto", "torch" or "triton"
     generation_config: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    skip_tokenizer_init: bool = False  # no tokenizer: token ids in, token ids out
+    pooler_config: Any = None  # pooling_params.PoolerConfig: embeddings' default pooling
     quantization: str | None = None  # resolved by resolve_quantization; None: unquantized
 
     @property
@@ -105,10 +109,15 @@ class ModelConfig:
         load_format: str = "auto",
         enforce_eager: bool = False,
         attention_backend: str = "auto",
+        skip_tokenizer_init: bool = False,
+        hf_overrides: dict[str, Any] | None = None,
+        generation_config_source: str = "auto",
+        override_generation_config: dict[str, Any] | None = None,
+        pooler_config: dict[str, Any] | None = None,
         quantization: str | None = None,
     ) -> ModelConfig:
         """Read `model`/config.json and resolve dtype and context length, or raise ValueError."""
-        hf_config = load_hf_config(model)
+        hf_config = apply_hf_overrides(load_hf_config(model), hf_overrides)
         archs = hf_config.get("architectures") or []
         if not archs:
             raise ValueError(f"{model}/config.json names no 'architectures'.")
@@ -130,7 +139,11 @@ class ModelConfig:
             load_format=load_format,
             enforce_eager=enforce_eager,
             attention_backend=attention_backend,
-            generation_config=load_generation_config(model),
+            generation_config=resolve_generation_config(
+                model, generation_config_source, override_generation_config
+            ),
+            skip_tokenizer_init=bool(skip_tokenizer_init),
+            pooler_config=PoolerConfig.from_dict(pooler_config),
             quantization=resolve_quantization(quantization, hf_config),
         )
 
@@ -185,6 +198,43 @@ def load_hf_config(model: str) -> dict[str, Any]:
         text.setdefault("architectures", config.get("architectures"))
         config = text
     return config
+
+
+def apply_hf_overrides(config: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """vLLM's hf_overrides: keys merged over config.json (nested dicts merged key by key)."""
+    if overrides is None:
+        return config
+    if not isinstance(overrides, dict):
+        raise ValueError(f"hf_overrides must be a dict of config.json keys, got {overrides!r}.")
+    merged = dict(config)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def resolve_generation_config(
+    model: str, source: str, overrides: dict[str, Any] | None
+) -> dict[str, Any]:
+    """vLLM's generation_config: 'auto' reads the checkpoint's generation_config.json, 'vllm'
+    uses no sampling defaults (the EOS ids it names still stop generation), anything else is
+    a folder holding one; override_generation_config is merged over the result."""
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ValueError(f"override_generation_config must be a dict, got {overrides!r}.")
+    if source == "auto":
+        config = load_generation_config(model)
+    elif source == "vllm":
+        own = load_generation_config(model)
+        config = {"eos_token_id": own["eos_token_id"]} if "eos_token_id" in own else {}
+    elif isinstance(source, str) and os.path.isdir(os.path.expanduser(source)):
+        config = load_generation_config(os.path.expanduser(source))
+    else:
+        raise ValueError(
+            f"generation_config must be 'auto', 'vllm' or a folder with generation_config.json, got {source!r}."
+        )
+    return {**config, **(overrides or {})}
 
 
 def load_generation_config(model: str) -> dict[str, Any]:

@@ -115,6 +115,8 @@ class Request:
             or p.repetition_penalty != 1.0
             or p.frequency_penalty != 0.0
             or p.presence_penalty != 0.0
+            or bool(p.bad_words_token_ids)  # bans follow the output's last tokens
+            or bool(p.logits_processors)  # user code reads the output's token ids
         )
 
     @property

@@ -69,6 +69,12 @@ class EngineArgs:
     attention_backend: str = "auto"
     max_logprobs: int = 20
     async_scheduling: bool = True
+    # vLLM's names (folio/engine/vllm_args.py lists every vLLM argument and what folio does with it)
+    skip_tokenizer_init: bool = False  # token ids in, token ids out
+    hf_overrides: dict[str, Any] | None = None  # merged into config.json
+    generation_config: str = "auto"  # "auto": the checkpoint's; "vllm": none; or a folder
+    override_generation_config: dict[str, Any] | None = None
+    pooler_config: dict[str, Any] | None = None  # embeddings: {"pooling_type": "LAST"|"MEAN", "normalize": bool}
     quantization: str | None = None  # None: the checkpoint's quantization_config, if any
     # Multi-LoRA (vLLM's names): adapters per step, their largest rank, adapters kept on the CPU.
     enable_lora: bool = False
@@ -83,13 +89,11 @@ class EngineArgs:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
-        unknown = sorted(set(kwargs) - cls.field_names())
-        if unknown:
-            raise TypeError(
-                f"Unknown engine argument(s): {', '.join(unknown)}. "
-                f"Known: {', '.join(sorted(cls.field_names()))}."
-            )
-        return cls(**kwargs)
+        """EngineArgs from folio's or vLLM's keyword arguments: vLLM arguments folio has no field
+        for are checked against vllm_args.VLLM_ARGS (a no-op, or a ValueError naming them)."""
+        from folio.engine.vllm_args import split_vllm_kwargs
+
+        return cls(**split_vllm_kwargs(kwargs, cls.field_names()))
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -105,6 +109,11 @@ class EngineArgs:
             load_format=self.load_format,
             enforce_eager=self.enforce_eager,
             attention_backend=self.attention_backend,
+            skip_tokenizer_init=self.skip_tokenizer_init,
+            hf_overrides=self.hf_overrides,
+            generation_config_source=self.generation_config,
+            override_generation_config=self.override_generation_config,
+            pooler_config=self.pooler_config,
             quantization=self.quantization,
         )
         cache = CacheConfig(
@@ -188,8 +197,14 @@ class EngineArgs:
             choices=["auto", "fp8", "fp8_e4m3"],
             help="fp8: store K/V as e4m3 with per-tensor scales (the checkpoint's, else 1.0)",
         )
+        from folio.engine.vllm_cli import add_vllm_flags
+
+        add_vllm_flags(parser)  # vLLM's flag names, after folio's own (which take precedence)
         return parser
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
-        return cls(**{name: getattr(args, name) for name in cls.field_names() if hasattr(args, name)})
+        from folio.engine.vllm_args import BY_NAME
+
+        names = cls.field_names() | set(BY_NAME)
+        return cls.from_kwargs(**{name: getattr(args, name) for name in names if hasattr(args, name)})

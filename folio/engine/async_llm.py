@@ -37,6 +37,8 @@ from folio.engine.engine_loop import (
     AddCommand,
     LoRACommand,
     Died,
+    EmbedCommand,
+    Embedded,
     StopCommand,
     Stepped,
     Stopped,
@@ -96,6 +98,7 @@ class AsyncLLM:
         self._streams: dict[str, RequestStream] = {}
         self._pending: dict[str, asyncio.Future] = {}  # adds sent, not yet answered
         self._pending_sequences = 0
+        self._embeds: dict[str, asyncio.Future] = {}  # embed commands sent, not yet answered
         self._stats = self.core.initial_stats
         self._dead: EngineDeadError | None = None
 
@@ -219,6 +222,20 @@ class AsyncLLM:
         finally:
             stream.abort()
 
+    async def embed(self, request_id: str, prompts: list[list[int]], pooler_config: Any) -> list[list[float]]:
+        """Embeddings of token prompts, computed by the engine between two steps
+        (LLMEngine.embed). Raises ValueError for an invalid prompt, or EngineDeadError."""
+        self._check_accepting(request_id)
+        if request_id in self._embeds:
+            raise ValueError(f"Request id {request_id!r} is already in use.")
+        future = self._loop.create_future()
+        self._embeds[request_id] = future
+        self.core.send(EmbedCommand(request_id, prompts, pooler_config))
+        try:
+            return await future
+        finally:
+            self._embeds.pop(request_id, None)
+
     async def abort(self, request_id: str) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
@@ -257,6 +274,13 @@ class AsyncLLM:
             self._on_step(message)
         elif isinstance(message, Accepted):
             self._on_accepted(message)
+        elif isinstance(message, Embedded):
+            future = self._embeds.get(message.request_id)
+            if future is not None and not future.done():
+                if message.error is None:
+                    future.set_result(message.embeddings)
+                else:
+                    future.set_exception(message.error.to_exception())
         elif isinstance(message, Died):
             logger.error("%s", message.message)
             self._dead = EngineDeadError(message.message)
@@ -300,6 +324,9 @@ class AsyncLLM:
                 future.set_exception(error)
         self._pending.clear()
         self._pending_sequences = 0
+        for future in self._embeds.values():
+            if not future.done():
+                future.set_exception(error)
         for stream in self._streams.values():
             stream.put(error)
         self._streams.clear()

@@ -58,6 +58,15 @@ class AbortCommand:
 
 
 @dataclass(frozen=True)
+class EmbedCommand:
+    """Pool the final hidden states of token prompts between two steps (worker/pooler.py)."""
+
+    request_id: str
+    prompts: list[list[int]]
+    pooler_config: Any  # worker.pooler.PoolerConfig (kept untyped: this module imports no torch)
+
+
+@dataclass(frozen=True)
 class StopCommand:
     """Abort everything unfinished and end the loop."""
 
@@ -99,6 +108,15 @@ class Stepped:
     failed: dict[str, str]  # request id -> why processing its output failed
     stats: EngineStats
     seconds: float  # inside step()
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """The answer to an EmbedCommand: one vector per prompt, or why it failed."""
+
+    request_id: str
+    embeddings: list[list[float]] | None
+    error: RequestError | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +172,9 @@ class EngineLoop:
                     self._live.discard(command.request_id)
                     self.engine.abort_request(command.request_id)
                 continue
+            if isinstance(command, EmbedCommand):
+                self.emit(self._embed(command))
+                continue
             if isinstance(command, LoRACommand):
                 results.append((command.command_id, 0, self._apply_lora(command)))
                 continue
@@ -166,6 +187,13 @@ class EngineLoop:
             self._live.add(command.request_id)
             results.append((command.request_id, command.params.n, None))
         return results
+
+    def _embed(self, command: EmbedCommand) -> Embedded:
+        try:
+            vectors = self.engine.embed(command.prompts, command.pooler_config)
+        except Exception as e:  # an invalid prompt, or a bug: the caller gets the error
+            return Embedded(command.request_id, None, RequestError.of(e))
+        return Embedded(command.request_id, vectors)
 
     def _apply_lora(self, command: LoRACommand) -> RequestError | None:
         try:

@@ -6,6 +6,8 @@ bad input raises ValueError and leaves the engine untouched.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -76,7 +78,18 @@ class InputProcessor:
                 self._check_token_id(tok, name)
         for tok in (params.logit_bias or {}):
             self._check_token_id(tok, "logit_bias")
+        if params.bad_words:
+            if self.tokenizer is None:
+                raise SamplingParamsError("bad_words", "bad_words needs a tokenizer; this engine has none.")
+            params.update_from_tokenizer(self.tokenizer)
         return params
+
+    def truncate_prompt(self, prompt: ProcessedPrompt, params: Any) -> ProcessedPrompt:
+        """truncate_prompt_tokens: keep the prompt's last k token ids (text kept as given)."""
+        if not isinstance(params, SamplingParams) or params.truncate_prompt_tokens is None:
+            return prompt
+        ids = params.truncated_prompt(prompt.token_ids, self.model_config.max_model_len)
+        return dataclasses.replace(prompt, token_ids=ids)
 
     def make_requests(
         self,

@@ -117,6 +117,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.beam_search = BeamSearchManager(self.scheduler, self.tokenizer, eos, config.model.max_model_len)
         self._request_errors: dict[str, Exception] = {}
+        self._pooler = None  # worker.pooler.Pooler, made on the first embed()
         self.async_scheduling = config.scheduler.async_scheduling
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not updated
         logger.info(
@@ -153,7 +154,7 @@ class LLMEngine:
         if request_id in self.output_processor.requests or request_id in self.beam_search.searches:
             raise ValueError(f"Request id {request_id!r} is already in use.")
         params = params if params is not None else self.default_sampling_params()
-        processed = self.input_processor.process_prompt(prompt)
+        processed = self.input_processor.truncate_prompt(self.input_processor.process_prompt(prompt), params)
         if lora_request is not None:
             self.add_lora(lora_request)
             processed = dataclasses.replace(processed, lora_request=lora_request)
@@ -279,6 +280,21 @@ class LLMEngine:
             logger.warning("Ignoring invalid sampling defaults in generation_config.json: %s", kwargs)
             return SamplingParams()
 
+    def embed(self, prompts: list[list[int]], pooler_config: Any) -> list[list[float]]:
+        """Embeddings of token prompts from the model's final hidden states (worker/pooler.py),
+        computed now, between steps, over KV blocks of their own."""
+        from folio.pooling_params import PoolerConfig
+        from folio.worker.pooler import pooler_for_runner
+
+        if not isinstance(pooler_config, PoolerConfig):
+            raise ValueError(f"pooler_config must be a PoolerConfig, got {type(pooler_config).__name__}.")
+        for ids in prompts:  # the same checks as a generation prompt's: ids in the vocabulary, length
+            processed = self.input_processor.process_prompt({"prompt_token_ids": ids})
+            self.input_processor.check_length(len(processed.token_ids))
+        if self._pooler is None:
+            self._pooler = pooler_for_runner(self.runner)
+        return self._pooler.embed(prompts, pooler_config)
+
     def stats(self) -> EngineStats:
         s = self.scheduler
         return EngineStats(
@@ -333,6 +349,8 @@ def _load_tokenizer(config: EngineConfig) -> Any:
     """The checkpoint's tokenizer; None (token-id prompts only, no text) when the model folder
     has none and no other tokenizer was named, e.g. a config.json alone with --load-format dummy."""
     path = config.model.tokenizer
+    if config.model.skip_tokenizer_init:
+        return None
     if path == config.model.model and os.path.isdir(path) and not has_tokenizer_files(path):
         logger.warning(
             "No tokenizer files in %r: running without a tokenizer. Prompts must be token ids "

@@ -16,10 +16,14 @@ from folio.engine.llm_engine import EngineStats
 
 
 class LoRAMetrics:
-    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str],
+                 vllm_registry: CollectorRegistry | None = None) -> None:
+        """vllm_registry: where vLLM-named series go (EngineMetrics exports it unless
+        --metrics-compat none); default: `registry`."""
         self._labels = labels
         self.info = Gauge("vllm:lora_requests_info", "Running and waiting LoRA adapters (vLLM's gauge).",
-                          ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=registry)
+                          ["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+                          registry=vllm_registry or registry)
         self.requests = Gauge("folio:lora_requests", "Requests per LoRA adapter, running or waiting.",
                               [*labels, "lora_name", "state"], registry=registry)
 

@@ -8,10 +8,17 @@ Token counters follow the outputs the engine hands back: a streaming (DELTA) req
 tokens step by step, a non-streaming (FINAL_ONLY) one all at once when it finishes. Latency
 histograms are observed once per request, when it finishes, from its RequestMetrics
 (monotonic clock times).
+
+vLLM's names (`vllm:num_requests_running`, ...) are recorded beside folio's own in a second
+registry, so dashboards built for vLLM work; the server exports them unless started with
+`--metrics-compat none` (`export_vllm`). vllm:inter_token_latency_seconds observes each gap
+between tokens: from step to step for streamed requests, and the request's mean gap once per
+token for requests that report only at the end.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 
@@ -36,15 +43,78 @@ class _Tally:
     """What metrics remember about one unfinished request."""
 
     prompt_counted: bool = False
+    last_token_time: float | None = None  # when the latest token seen so far was made
     tokens: dict[int, int] = field(default_factory=dict)  # completion index -> tokens so far
     reasons: dict[int, str] = field(default_factory=dict)  # completion index -> finish reason
+
+
+def observe_repeated(histogram, value: float, count: int) -> None:
+    """`count` observations of one value at the cost of one: a request reported only at its end
+    has one gap per token, and the event loop should not pay a call per token for them.
+    prometheus_client has no weighted observe, so this adds to the sum and to the bucket that
+    observe() would (its `_sum`, `_buckets`, `_upper_bounds`), or loops where those are missing."""
+    buckets, bounds = getattr(histogram, "_buckets", None), getattr(histogram, "_upper_bounds", None)
+    if buckets is None or bounds is None:
+        for _ in range(count):
+            histogram.observe(value)
+        return
+    histogram._sum.inc(value * count)
+    buckets[bisect.bisect_left(bounds, value)].inc(count)  # the first bound >= value, as observe()
+
+
+class _Fanout:
+    """One recording call into folio's series and vLLM's twin of it."""
+
+    def __init__(self, *children) -> None:
+        self._children = children
+
+    def set(self, value: float) -> None:
+        for child in self._children:
+            child.set(value)
+
+    def inc(self, amount: float = 1.0) -> None:
+        for child in self._children:
+            child.inc(amount)
+
+    def observe(self, value: float) -> None:
+        for child in self._children:
+            child.observe(value)
+
+
+# vLLM's 1-2-5 buckets for token counts.
+_LENGTH_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5))
+
+# folio series -> vLLM's name for the same quantity (prometheus_client adds _total to counters).
+VLLM_NAMES = {
+    "folio:num_requests_running": "vllm:num_requests_running",
+    "folio:num_requests_waiting": "vllm:num_requests_waiting",
+    "folio:kv_cache_usage_perc": "vllm:kv_cache_usage_perc",
+    "folio:num_preemptions": "vllm:num_preemptions",
+    "folio:prompt_tokens": "vllm:prompt_tokens",
+    "folio:generation_tokens": "vllm:generation_tokens",
+    "folio:prefix_cache_queries": "vllm:prefix_cache_queries",
+    "folio:prefix_cache_hits": "vllm:prefix_cache_hits",
+    "folio:time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
+    "folio:time_per_output_token_seconds": "vllm:request_time_per_output_token_seconds",
+    "folio:e2e_request_latency_seconds": "vllm:e2e_request_latency_seconds",
+}
 
 
 class EngineMetrics:
     def __init__(self, model_name: str = "", registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.vllm_registry = CollectorRegistry()  # vLLM's names, rendered when export_vllm
+        self.export_vllm = True
         # Every series carries the model name, as vLLM's do, so dashboards carry over.
         self._labels = {"model_name": model_name}
+        self._vllm_labels = {"model_name": model_name, "engine": "0"}  # vLLM v1 numbers its engines
+        self.itl = self._vllm_series(Histogram, "vllm:inter_token_latency_seconds",
+                                     "Time between consecutive output tokens.", buckets=_TPOT_BUCKETS)
+        self.request_prompt_tokens = self._vllm_series(Histogram, "vllm:request_prompt_tokens",
+                                                       "Prompt tokens per finished request.", buckets=_LENGTH_BUCKETS)
+        self.request_generation_tokens = self._vllm_series(
+            Histogram, "vllm:request_generation_tokens", "Generated tokens per finished request.", buckets=_LENGTH_BUCKETS
+        )
         self.running = self._series(Gauge, "folio:num_requests_running", "Sequences in the running batch.")
         self.waiting = self._series(Gauge, "folio:num_requests_waiting", "Sequences waiting to be scheduled.")
         self.kv_usage = self._series(Gauge, "folio:kv_cache_usage_perc", "Fraction of KV blocks in use, 0 to 1.")
@@ -69,8 +139,12 @@ class EngineMetrics:
                                 "Time from arrival to the last token.", buckets=_E2E_BUCKETS)
         success = Counter("folio:request_success", "Finished requests, by finish reason.",
                           [*self._labels, "finished_reason"], registry=self.registry)
+        vllm_success = Counter("vllm:request_success", "Finished requests, by finish reason.",
+                               [*self._vllm_labels, "finished_reason"], registry=self.vllm_registry)
         self._success = {
-            reason: success.labels(**self._labels, finished_reason=reason) for reason in ("stop", "length", "abort")
+            reason: _Fanout(success.labels(**self._labels, finished_reason=reason),
+                            vllm_success.labels(**self._vllm_labels, finished_reason=reason))
+            for reason in ("stop", "length", "abort")
         }
         self._tallies: dict[str, _Tally] = {}
         # Counters mirrored from the engine's cumulative stats: (series, EngineStats field, last value).
@@ -82,13 +156,20 @@ class EngineMetrics:
             "num_swapped_in_blocks": self.swapped_in,
         }
         self._seen: dict[str, int] = dict.fromkeys(self._mirrored, 0)
-        self.lora = LoRAMetrics(self.registry, self._labels)
+        self.lora = LoRAMetrics(self.registry, self._labels, self.vllm_registry)
         self.num_steps = 0  # plain copies of the step series, for in-process measurements
         self.busy_seconds = 0.0
 
     def _series(self, kind, name: str, documentation: str, **kwargs):
         metric = kind(name, documentation, list(self._labels), registry=self.registry, **kwargs)
-        return metric.labels(**self._labels)
+        child = metric.labels(**self._labels)
+        if name not in VLLM_NAMES:
+            return child
+        return _Fanout(child, self._vllm_series(kind, VLLM_NAMES[name], documentation, **kwargs))
+
+    def _vllm_series(self, kind, name: str, documentation: str, **kwargs):
+        metric = kind(name, documentation, list(self._vllm_labels), registry=self.vllm_registry, **kwargs)
+        return metric.labels(**self._vllm_labels)
 
     # ---- recording (engine thread) ----------------------------------------------------------
     def record_stats(self, stats: EngineStats) -> None:
@@ -127,6 +208,8 @@ class EngineMetrics:
             tally.tokens[completion.index] = tally.tokens.get(completion.index, 0) + len(completion.token_ids)
             if completion.finish_reason is not None:
                 tally.reasons[completion.index] = completion.finish_reason
+        if output.outputs:
+            self._record_token_gaps(output, tally, max(len(c.token_ids) for c in output.outputs))
         if new_tokens and not tally.prompt_counted:
             tally.prompt_counted = True
             self.prompt_tokens.inc(len(output.prompt_token_ids))
@@ -135,10 +218,26 @@ class EngineMetrics:
             self._tallies.pop(output.request_id, None)
             self._record_finished(output, tally)
 
+    def _record_token_gaps(self, output: RequestOutput, tally: _Tally, new_tokens: int) -> None:
+        """vllm:inter_token_latency_seconds: each of this output's tokens but a request's very
+        first gets the time since the previous output, shared equally between its tokens."""
+        m = output.metrics
+        if m is None or m.last_token_time is None or not new_tokens:
+            return
+        previous, tally.last_token_time = tally.last_token_time, m.last_token_time
+        if previous is None:
+            previous, new_tokens = m.first_token_time, new_tokens - 1  # the first has no gap
+        if previous is None or new_tokens < 1:
+            return
+        gap = max(0.0, m.last_token_time - previous) / new_tokens
+        observe_repeated(self.itl, gap, new_tokens)
+
     def _record_finished(self, output: RequestOutput, tally: _Tally) -> None:
         reason = tally.reasons.get(0) or next(iter(tally.reasons.values()), "stop")
         if reason in self._success:
             self._success[reason].inc()
+        self.request_prompt_tokens.observe(len(output.prompt_token_ids))
+        self.request_generation_tokens.observe(sum(tally.tokens.values()))
         m = output.metrics
         if m is None:
             return
@@ -154,4 +253,5 @@ class EngineMetrics:
     # ---- reading ----------------------------------------------------------------------------
     def render(self) -> bytes:
         """The Prometheus text exposition of every series."""
-        return generate_latest(self.registry)
+        text = generate_latest(self.registry)
+        return text + generate_latest(self.vllm_registry) if self.export_vllm else text

@@ -14,7 +14,8 @@ from folio.engine.beam_search import BeamSearchOutput, BeamSearchParams, to_beam
 from folio.engine.input_processor import PromptType
 from folio.engine.llm_engine import LLMEngine
 from folio.lora.request import LoRARequest
-from folio.outputs import RequestOutput
+from folio.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from folio.pooling_params import PoolingParams
 from folio.sampling_params import RequestOutputKind, SamplingParams
 from folio.transformers_utils.chat_template import render_chat, resolve_chat_template
 
@@ -137,6 +138,39 @@ class LLM:
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (vLLM's LLM.embed): the model's final hidden states pooled
+        as pooler_config says (last token by default, or mean), L2-normalized unless asked not."""
+        prompt_list = _as_prompt_list(prompts)
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            params = [pooling_params or PoolingParams()] * len(prompt_list)
+        else:
+            params = list(pooling_params)
+            if len(params) != len(prompt_list):
+                raise ValueError(f"{len(params)} pooling_params for {len(prompt_list)} prompts.")
+        truncation = SamplingParams(truncate_prompt_tokens=truncate_prompt_tokens)  # its checks, its rule
+        engine = self.llm_engine
+        model = engine.config.model
+        processed = [engine.input_processor.process_prompt(p) for p in prompt_list]
+        token_ids = [truncation.truncated_prompt(p.token_ids, model.max_model_len) for p in processed]
+        configs = [p.resolve(model.pooler_config) for p in params]
+        vectors: list[list[float] | None] = [None] * len(prompt_list)
+        for config in dict.fromkeys(configs):  # one engine call per pooling configuration
+            rows = [i for i, c in enumerate(configs) if c == config]
+            for i, vector in zip(rows, engine.embed([token_ids[i] for i in rows], config)):
+                vectors[i] = vector
+        outputs = []
+        for prompt, ids, vector in zip(processed, token_ids, vectors):
+            request_id = str(next(self._request_counter))
+            outputs.append(EmbeddingRequestOutput(request_id, EmbeddingOutput(vector), ids, True, prompt.text))
+        return outputs
 
     # ---- internals --------------------------------------------------------------------------
     def _params_per_prompt(

@@ -1,8 +1,8 @@
 """TokenConstraints: the logit edits a request spells out token by token.
 
 Three of them, applied in this order before penalties: the allowed_token_ids whitelist, the
-min_tokens ban on stop tokens (EOS and stop_token_ids while the output is shorter than
-min_tokens), and logit_bias. The order between the last two does not matter: a banned token is
+bans (min_tokens bans stop tokens, EOS and stop_token_ids, while the output is shorter than
+min_tokens; bad_words bans the token that would complete a bad word), and logit_bias. The order between the last two does not matter: a banned token is
 -inf and stays -inf after any finite bias.
 
 Each is stored sparsely (rows that use it, token ids) so a batch where nobody asks pays nothing,
@@ -32,7 +32,7 @@ class AllowedTokens:
 @dataclass
 class TokenConstraints:
     allowed: AllowedTokens | None
-    # min_tokens: (rows, token ids) pairs forced to -inf, each [b] int64.
+    # min_tokens and bad_words: (rows, token ids) pairs forced to -inf, each [b] int64.
     stop_bans: tuple[torch.Tensor, torch.Tensor] | None
     # logit_bias: (rows [c] int64, token ids [c] int64, values [c] float32), added to the logits.
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
@@ -88,15 +88,27 @@ def _build_stop_bans(
     token_ids: list[int] = []
     for i, row in enumerate(rows):
         params = row.params
-        if row.num_output_tokens >= params.min_tokens:
-            continue
-        # An EOS id outside the logits (a padded tokenizer) can never be sampled: skip it.
-        ids = [t for t in params.all_stop_token_ids if t < vocab_size]
+        ids = bad_word_bans(params.bad_words_token_ids, row.output_token_ids) if params.bad_words_token_ids else []
+        if row.num_output_tokens < params.min_tokens:
+            ids += params.all_stop_token_ids
+        # An id outside the logits (a padded tokenizer) can never be sampled: skip it.
+        ids = sorted({t for t in ids if t < vocab_size})
         ban_rows.extend([i] * len(ids))
         token_ids.extend(ids)
     if not token_ids:
         return None
     return _long(ban_rows, device), _long(token_ids, device)
+
+
+def bad_word_bans(bad_words: list[list[int]], output_token_ids: list[int]) -> list[int]:
+    """The last token of each bad word whose other tokens end the output (vLLM's rule: a
+    one-token word is always banned; only the output is matched, not the prompt)."""
+    banned = []
+    for word in bad_words:
+        prefix = word[:-1]
+        if not prefix or (len(output_token_ids) >= len(prefix) and output_token_ids[-len(prefix):] == prefix):
+            banned.append(word[-1])
+    return banned
 
 
 def _build_bias(

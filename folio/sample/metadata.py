@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from folio.sample.constraints import TokenConstraints
+from folio.sample.logits_processors import LogitsProcessors
 from folio.sample.penalties import PenaltyTensors
 from folio.sample.transfer import to_device
 from folio.sampling_params import SamplingParams
@@ -50,6 +51,7 @@ class SamplingMetadata:
     max_num_logprobs: int | None  # None: no row asked for logprobs
     constraints: TokenConstraints | None  # allowed_token_ids, min_tokens, logit_bias
     penalties: PenaltyTensors | None
+    logits_processors: LogitsProcessors | None = None  # vLLM's per-request callables
 
     @property
     def edits_logits(self) -> bool:
@@ -58,6 +60,7 @@ class SamplingMetadata:
             stage is not None
             for stage in (
                 self.constraints,
+                self.logits_processors,
                 self.penalties,
                 self.temperature,
                 self.min_p,
@@ -88,6 +91,7 @@ class SamplingMetadata:
             max_num_logprobs=max(requested) if requested else None,
             constraints=TokenConstraints.build(rows, vocab_size, device),
             penalties=PenaltyTensors.build(rows, vocab_size, device),
+            logits_processors=LogitsProcessors.build(rows),
         )
         if not all_greedy:
             metadata._fill_random_stages(rows, greedy, vocab_size, device)

@@ -45,6 +45,11 @@ OPERATIONS = [
     ("GET", "/health", 2, (POSITIVE,)),
     ("GET", "/version", 2, (POSITIVE,)),
     ("GET", "/metrics", 2, (POSITIVE,)),
+    ("GET", "/ping", 2, (POSITIVE,)),
+    ("POST", "/v1/embeddings", 30, (POSITIVE, NEGATIVE)),
+    ("POST", "/v1/responses", 30, (POSITIVE, NEGATIVE)),
+    ("POST", "/v1/score", 20, (POSITIVE, NEGATIVE)),
+    ("POST", "/v1/rerank", 20, (POSITIVE, NEGATIVE)),
 ]
 CASES = [(method, path, examples, mode) for method, path, examples, modes in OPERATIONS for mode in modes]
 

@@ -25,6 +25,7 @@ from folio.engine.async_llm import AsyncLLM
 from folio.engine.engine_core import EngineProcess
 from folio.entrypoints.openai.auth import APIKeyMiddleware
 from folio.entrypoints.openai.cli_args import ServerConfig, engine_process_wanted, make_arg_parser
+from folio.entrypoints.openai.compat_routes import add_cors, include_compat_routes, log_requests
 from folio.entrypoints.openai.errors import install_error_handlers
 from folio.entrypoints.openai.router import ServingState, router
 from folio.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -51,13 +52,18 @@ def build_app(engine: AsyncLLM, config: ServerConfig | None = None) -> FastAPI:
         finally:
             await engine.shutdown()
 
+    frontend = config.frontend
+    docs: dict[str, Any] = dict(docs_url=None, redoc_url=None, openapi_url=None) if frontend.disable_fastapi_docs else {}
     app = FastAPI(title="folio", version=__version__, lifespan=lifespan,
-                  description="An OpenAI-compatible API for one model.")
+                  description="An OpenAI-compatible API for one model.", **docs)
     app.state.serving = _serving_state(engine, config)
     app.include_router(router)
+    include_compat_routes(app)
     install_error_handlers(app)
+    engine.metrics.export_vllm = frontend.metrics_compat == "vllm"
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    add_cors(app, frontend)  # outermost, as in vLLM: preflights never need the key
     app.openapi = lambda: _openapi(app)
     return app
 
@@ -72,7 +78,7 @@ def _serving_state(engine: AsyncLLM, config: ServerConfig) -> ServingState:
     models = OpenAIServingModels(name, model.model, model.max_model_len, lora_enabled=engine.lora_enabled)
     if config.lora_modules and not engine.lora_enabled:
         raise ValueError("--lora-modules needs --enable-lora.")
-    return ServingState(
+    state = ServingState(
         engine=engine,
         completion=OpenAIServingCompletion(engine, name, models=models),
         chat=OpenAIServingChat(engine, name, template, models=models),
@@ -80,6 +86,8 @@ def _serving_state(engine: AsyncLLM, config: ServerConfig) -> ServingState:
         tokenization=OpenAIServingTokenization(engine, name, template, models=models),
         allow_runtime_lora_updating=config.allow_runtime_lora_updating,
     )
+    log_requests(state, config.frontend)
+    return state
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -138,11 +146,16 @@ def run_server(args: argparse.Namespace, core: EngineProcess | None = None) -> i
         access_log=config.access_log,
         timeout_graceful_shutdown=config.shutdown_timeout,
         lifespan="on",
+        root_path=config.frontend.root_path,
+        ssl_keyfile=config.frontend.ssl_keyfile,
+        ssl_certfile=config.frontend.ssl_certfile,
+        ssl_ca_certs=config.frontend.ssl_ca_certs,
     ))
     host, port = sock.getsockname()[:2]
     if not config.api_key and host not in ("127.0.0.1", "::1", "localhost"):
         logger.warning("Listening on %s without an API key: anyone who can reach it can use it.", host)
-    logger.info("Serving %r on http://%s:%d/v1", engine.model_config.served_model_name, host, port)
+    scheme = "https" if config.frontend.ssl_certfile else "http"
+    logger.info("Serving %r on " + scheme + "://%s:%d/v1", engine.model_config.served_model_name, host, port)
     with _signals_end_quietly():
         server.run(sockets=[sock])
     return 0

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from folio.entrypoints.openai.errors import AuthenticationError
 
 # Open without a key: probes, scrapers, and the API's own description.
-PUBLIC_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+PUBLIC_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
 def _digest(key: str) -> bytes:

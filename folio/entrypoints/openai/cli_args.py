@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from folio.engine.arg_utils import EngineArgs
+from folio.entrypoints.openai.frontend_args import FrontendConfig, add_frontend_args
 
 API_KEY_ENV = "FOLIO_API_KEY"
 DEFAULT_MAX_WAITING_REQUESTS = 1024
@@ -34,6 +35,7 @@ class ServerConfig:
     log_level: str = "info"
     access_log: bool = True
     engine_process: bool | None = None  # None: a process when the engine runs on CUDA
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)  # vLLM's other server flags
     lora_modules: tuple[LoRAModulePath, ...] = ()  # adapters served from the start (--lora-modules)
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
 
@@ -58,6 +60,7 @@ class ServerConfig:
             log_level=args.uvicorn_log_level,
             access_log=not args.disable_uvicorn_access_log,
             engine_process=args.engine_process,
+            frontend=FrontendConfig.from_cli_args(args),
             lora_modules=tuple(getattr(args, "lora_modules", None) or ()),
             allow_runtime_lora_updating=getattr(args, "allow_runtime_lora_updating", False),
         )
@@ -75,11 +78,11 @@ def engine_process_wanted(flag: bool | None, device: str) -> bool:
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = ServerConfig()
-    g = parser.add_argument_group("server")
+    g = parser.add_argument_group("Frontend")  # vLLM's name for the server's flags
     g.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: every interface)")
     g.add_argument("--port", type=int, default=d.port, help="port to listen on (0: any free port, logged)")
     g.add_argument("--api-key", default=None,
-                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}); /health and /metrics stay open")
+                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}); /health, /ping, /version and /metrics stay open")
     g.add_argument("--chat-template", default=None,
                    help="chat template file or Jinja text (default: the checkpoint's)")
     g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests,
@@ -93,12 +96,16 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="run the engine in a process of its own (its own GIL; a crash there leaves "
                         "the server answering 503) instead of on a thread of the server process "
                         "(default: a process on a GPU, a thread on the CPU; docs/serving.md)")
+    add_frontend_args(g)
     g.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None, metavar="NAME=PATH",
                    help="LoRA adapters to serve (needs --enable-lora): name=path, or vLLM's JSON "
                         "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; requests pick one by `model`")
     g.add_argument("--allow-runtime-lora-updating", action="store_true",
                    help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter (local paths)")
     EngineArgs.add_cli_args(parser)
+    from folio.engine.vllm_cli import group_like_vllm
+
+    group_like_vllm(parser)
     return parser
 
 

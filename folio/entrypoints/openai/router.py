@@ -53,7 +53,9 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorResponse} for status in statuses}
 
 
-_EVENT_STREAM = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+# Each event as an SSE parser sees it: its data line (JSON text) and its event name.
+_EVENT_STREAM = {200: {"content": {"text/event-stream": {"schema": {
+                           "type": "object", "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}}},
                        "description": "A JSON object, or with stream=true server-sent events"}}
 _GENERATE_ERRORS = {**_EVENT_STREAM, **_errors(400, 401, 404, 500, 503)}
 

@@ -42,6 +42,7 @@ class OpenAIServingChat(OpenAIServing):
             chat_template_kwargs=request.chat_template_kwargs,
         )
         prompt = EnginePrompt(self.encode(text, add_special_tokens=False, param="messages"), text)
+        prompt = self.truncate_prompt(prompt, request)
         params = self._params(request, prompt)
         request_id = random_id("chatcmpl")
         streams = await self.add_requests(request_id, [prompt], [params], request.priority, request.cache_salt, lora)

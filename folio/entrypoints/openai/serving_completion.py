@@ -38,7 +38,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create(self, request: CompletionRequest) -> CompletionResponse | EventStreamResponse:
         lora = self.check_model(request.model)
         self._check_supported(request)
-        prompts = self._prompts(request)
+        prompts = [self.truncate_prompt(p, request) for p in self._prompts(request)]
         params = [self._params(request, p) for p in prompts]
         request_id = random_id("cmpl")
         streams = await self.add_requests(request_id, prompts, params, request.priority, request.cache_salt, lora)

@@ -16,6 +16,7 @@ from typing import Any
 from folio.engine.async_llm import AsyncLLM, RequestStream
 from folio.entrypoints.openai.errors import BadRequestError, from_engine_error, model_not_found
 from folio.entrypoints.openai.protocol import ChatMessage, SamplingRequest
+from folio.entrypoints.openai.request_logger import RequestLogger
 from folio.entrypoints.openai.serving_models import OpenAIServingModels
 from folio.lora.request import LoRARequest
 from folio.sampling_params import BeamSearchParams, SamplingParams, SamplingParamsError
@@ -41,6 +42,8 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIServing:
+    request_logger: RequestLogger | None = None  # set by the server with --enable-log-requests
+
     def __init__(
         self,
         engine: AsyncLLM,
@@ -107,6 +110,23 @@ class OpenAIServing:
                 param=max_tokens_param, code="context_length_exceeded",
             )
         return requested
+
+    def truncate_prompt(self, prompt: EnginePrompt, request: SamplingRequest) -> EnginePrompt:
+        """truncate_prompt_tokens: the prompt's last k tokens (-1: the context), before max_tokens
+        is fitted to the room left. The text stays as given."""
+        k = request.truncate_prompt_tokens
+        if k is None:
+            return prompt
+        if k > self.max_model_len:
+            raise BadRequestError(
+                f"truncate_prompt_tokens={k} is more than the model's context ({self.max_model_len}).",
+                param="truncate_prompt_tokens",
+            )
+        if k == 0:
+            raise BadRequestError("truncate_prompt_tokens must be -1 or a positive integer, got 0.",
+                                  param="truncate_prompt_tokens")
+        keep = self.max_model_len if k == -1 else k
+        return EnginePrompt(prompt.token_ids[-keep:], prompt.text)
 
     def check_stream_options(self, request: SamplingRequest) -> None:
         if request.stream_options is not None and not request.stream:
@@ -192,6 +212,8 @@ class OpenAIServing:
                 engine_prompt["prompt"] = prompt.text
             if cache_salt is not None:
                 engine_prompt["cache_salt"] = cache_salt
+            if self.request_logger is not None:
+                self.request_logger.log(engine_id, prompt.text, prompt.token_ids, p)
             adds.append(asyncio.ensure_future(self.engine.add_request(engine_id, engine_prompt, p, priority, lora_request)))
         try:
             results = await asyncio.gather(*adds, return_exceptions=True)

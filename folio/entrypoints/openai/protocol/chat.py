@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from folio.entrypoints.openai.protocol.common import SamplingRequest, UsageInfo
 from folio.entrypoints.openai.protocol.completion import FinishReason
+from folio.entrypoints.openai.protocol.unsupported import UnsupportedChatFields
 
 # OpenAI's cap on top_logprobs.
 MAX_TOP_LOGPROBS = 20
@@ -30,7 +31,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, UnsupportedChatFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False

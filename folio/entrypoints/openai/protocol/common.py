@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, SamplingParamsError
 
@@ -24,6 +24,15 @@ class OpenAIBaseModel(BaseModel):
     """A request body. Strict: JSON types as declared (false is not 0, "1" is not 1)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _log_ignored_fields(cls, data: Any) -> Any:
+        """Unknown fields are ignored, and logged (protocol/unsupported.py)."""
+        from folio.entrypoints.openai.protocol.unsupported import log_ignored_fields
+
+        log_ignored_fields(cls, data)
+        return data
 
 
 # ---- errors -----------------------------------------------------------------------------------
@@ -112,6 +121,8 @@ _NOT_WITH_BEAMS: dict[str, tuple[Any, ...]] = {
     "repetition_penalty": (None, 1.0),
     "logit_bias": (None, {}),
     "min_tokens": (0,),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
 }
 
 
@@ -146,6 +157,9 @@ class SamplingRequest(OpenAIBaseModel):
     length_penalty: float = 1.0  # beam search: scores are log-prob / length ** length_penalty
     # Prefix caching: requests share cached K/V only with requests of the same salt (or none).
     cache_salt: str | None = Field(default=None, min_length=1)
+    bad_words: list[Annotated[str, Field(min_length=1)]] | None = None
+    allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)  # keep the last k (-1: context)
 
     def to_beam_search_params(self, max_tokens: int) -> BeamSearchParams:
         """BeamSearchParams for `use_beam_search`: n beams; one output when the search ends."""
@@ -195,6 +209,9 @@ class SamplingRequest(OpenAIBaseModel):
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             logit_bias=self.logit_bias,
+            bad_words=self.bad_words,
+            allowed_token_ids=self.allowed_token_ids,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
         )
 

@@ -1,0 +1,101 @@
+"""FrontendConfig: the server flags vLLM's `serve` has beside folio's own (CORS, TLS, root path,
+request logging, metric names, docs), with vLLM's flag names and defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+
+METRICS_COMPAT = ("vllm", "none")
+
+
+def _json_list(text: str) -> list[str]:
+    """vLLM's CORS flags take JSON lists: '["*"]'."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not a JSON list: {text!r} ({e})") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"not a JSON list of strings: {text!r}")
+    return value
+
+
+_json_list.__name__ = "JSON list"
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    root_path: str = ""  # the path prefix a proxy serves the API under (ASGI root_path)
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    enable_log_requests: bool = False  # one log line per request (prompt cut to max_log_len)
+    max_log_len: int | None = None
+    metrics_compat: str = "vllm"  # also export vLLM's metric names ("none": folio's only)
+    disable_fastapi_docs: bool = False
+    response_role: str = "assistant"
+
+    def __post_init__(self) -> None:
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            raise ValueError("--ssl-keyfile and --ssl-certfile go together: pass both or neither.")
+        for name in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"--{name.replace('_', '-')} {path!r} is not a file.")
+        if self.metrics_compat not in METRICS_COMPAT:
+            raise ValueError(f"--metrics-compat must be one of {METRICS_COMPAT}, got {self.metrics_compat!r}.")
+        if self.max_log_len is not None and self.max_log_len < 0:
+            raise ValueError(f"--max-log-len must be non-negative, got {self.max_log_len}.")
+        if self.response_role != "assistant":
+            raise ValueError(f"--response-role {self.response_role!r}: folio answers as 'assistant' only.")
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> FrontendConfig:
+        d = cls()
+        return cls(
+            root_path=getattr(args, "root_path", d.root_path) or "",
+            allowed_origins=tuple(getattr(args, "allowed_origins", d.allowed_origins)),
+            allowed_methods=tuple(getattr(args, "allowed_methods", d.allowed_methods)),
+            allowed_headers=tuple(getattr(args, "allowed_headers", d.allowed_headers)),
+            allow_credentials=getattr(args, "allow_credentials", d.allow_credentials),
+            ssl_keyfile=getattr(args, "ssl_keyfile", None),
+            ssl_certfile=getattr(args, "ssl_certfile", None),
+            ssl_ca_certs=getattr(args, "ssl_ca_certs", None),
+            enable_log_requests=getattr(args, "enable_log_requests", d.enable_log_requests),
+            max_log_len=getattr(args, "max_log_len", None),
+            metrics_compat=getattr(args, "metrics_compat", d.metrics_compat),
+            disable_fastapi_docs=getattr(args, "disable_fastapi_docs", d.disable_fastapi_docs),
+            response_role=getattr(args, "response_role", d.response_role),
+        )
+
+
+def add_frontend_args(group: argparse._ArgumentGroup) -> None:
+    d = FrontendConfig()
+    group.add_argument("--root-path", default=d.root_path, help="path prefix when behind a proxy")
+    group.add_argument("--allowed-origins", type=_json_list, default=list(d.allowed_origins),
+                       help='CORS: allowed origins, a JSON list (default ["*"])')
+    group.add_argument("--allowed-methods", type=_json_list, default=list(d.allowed_methods),
+                       help="CORS: allowed methods, a JSON list")
+    group.add_argument("--allowed-headers", type=_json_list, default=list(d.allowed_headers),
+                       help="CORS: allowed headers, a JSON list")
+    group.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    group.add_argument("--ssl-keyfile", default=None, help="TLS key file (with --ssl-certfile)")
+    group.add_argument("--ssl-certfile", default=None, help="TLS certificate file")
+    group.add_argument("--ssl-ca-certs", default=None, help="CA certificates to verify clients against")
+    group.add_argument("--enable-log-requests", action="store_true",
+                       help="log each request: id, prompt (cut to --max-log-len) and sampling parameters")
+    group.add_argument("--disable-log-requests", action="store_false", dest="enable_log_requests", default=False,
+                       help="no request log lines (the default; vLLM's older flag)")
+    group.add_argument("--max-log-len", type=int, default=None,
+                       help="characters (and token ids) of each prompt in request logs (default: all)")
+    group.add_argument("--metrics-compat", default=d.metrics_compat, choices=METRICS_COMPAT,
+                       help="/metrics also exports vLLM's names (vllm:...) so vLLM dashboards work")
+    group.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc, /openapi.json")
+    group.add_argument("--response-role", default=d.response_role, help="role of chat answers (assistant only)")

@@ -1,0 +1,46 @@
+"""/v1/embeddings: the request and the response, in OpenAI's shapes plus vLLM's extras."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+from folio.entrypoints.openai.protocol.common import OpenAIBaseModel, TokenId, UsageInfo
+
+EmbeddingInput = (
+    Annotated[str, Field(min_length=1)]
+    | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    | Annotated[list[TokenId], Field(min_length=1)]
+    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+)
+
+
+class EmbeddingRequest(OpenAIBaseModel):
+    model: str | None = None
+    input: EmbeddingInput
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    # vLLM's extras
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    add_special_tokens: bool = True
+    normalize: bool | None = None
+    priority: int = 0
+    # folio's: "LAST" or "MEAN" pooling for this request (default: the server's pooler_config)
+    pooling_type: Literal["LAST", "MEAN", "last", "mean"] | None = None
+
+
+class EmbeddingData(BaseModel):
+    index: int
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str  # a base64 string of little-endian float32 with encoding_format=base64
+
+
+class EmbeddingResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[EmbeddingData]
+    usage: UsageInfo
