@@ -5,7 +5,8 @@ waiting for it (blocking while it has nothing to do), and `emit(message)` hands 
 Everything that crosses is a small picklable value, so the same loop runs on a thread of the
 server process (EngineThread) or alone in a child process (EngineProcess).
 
-Per iteration: the commands are applied and the adds answered at once (Accepted), then one
+Per iteration: the commands are applied and the adds answered at once (Accepted; a state read,
+StateCommand, is answered by a StateAnswer built between steps), then one
 step runs and everything it produced goes back together (Stepped). An exception while adding a
 request fails that request only; one while processing a request's output too (LLMEngine
 isolates those); any other exception from step() ends the loop with Died, since the engine's
@@ -44,6 +45,14 @@ class AddCommand:
 @dataclass(frozen=True)
 class AbortCommand:
     request_id: str
+
+
+@dataclass(frozen=True)
+class StateCommand:
+    """Ask for the engine's state (core/engine_state.py), answered by a StateAnswer with the ticket."""
+
+    ticket: int
+    with_blocks: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,13 @@ class Stepped:
     failed: dict[str, str]  # request id -> why processing its output failed
     stats: EngineStats
     seconds: float  # inside step()
+
+
+@dataclass(frozen=True)
+class StateAnswer:
+    ticket: int
+    state: dict[str, Any] | None  # None: the state could not be built (error says why)
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +154,9 @@ class EngineLoop:
     def _apply(self, commands: list[Any]) -> list[tuple[str, int, RequestError | None]]:
         results = []
         for command in commands:
+            if isinstance(command, StateCommand):
+                self.emit(self._state(command))
+                continue
             if isinstance(command, AbortCommand):
                 if command.request_id in self._live:
                     self._live.discard(command.request_id)
@@ -152,6 +171,14 @@ class EngineLoop:
             self._live.add(command.request_id)
             results.append((command.request_id, command.params.n, None))
         return results
+
+    def _state(self, command: StateCommand) -> StateAnswer:
+        """A read of the scheduler between steps; a failure here fails the read, not the engine."""
+        try:
+            return StateAnswer(command.ticket, self.engine.engine_state(command.with_blocks))
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            logger.exception("Building the engine state failed.")
+            return StateAnswer(command.ticket, None, f"{type(e).__name__}: {e}")
 
     def _take_failed(self) -> dict[str, str]:
         failed = {}

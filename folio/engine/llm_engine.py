@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from folio.config import EngineConfig
+from folio.core.engine_state import build_engine_state
 from folio.core.request import RequestStatus
 from folio.core.outputs import ModelRunnerOutput
 from folio.core.scheduler import Scheduler
@@ -243,6 +244,10 @@ class LLMEngine:
         except ValueError:
             logger.warning("Ignoring invalid sampling defaults in generation_config.json: %s", kwargs)
             return SamplingParams()
+
+    def engine_state(self, with_blocks: bool = False) -> dict[str, Any]:
+        """The queues and KV cache as core/engine_state.py pictures them (docs/dashboard.md)."""
+        return build_engine_state(self.scheduler, with_blocks=with_blocks)
 
     def stats(self) -> EngineStats:
         s = self.scheduler

@@ -24,6 +24,7 @@ from folio.engine.arg_utils import EngineArgs
 from folio.engine.async_llm import AsyncLLM
 from folio.engine.engine_core import EngineProcess
 from folio.entrypoints.openai.auth import APIKeyMiddleware
+from folio.entrypoints.openai.dashboard import install_dashboard
 from folio.entrypoints.openai.cli_args import ServerConfig, engine_process_wanted, make_arg_parser
 from folio.entrypoints.openai.errors import install_error_handlers
 from folio.entrypoints.openai.router import ServingState, router
@@ -54,6 +55,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig | None = None) -> FastAPI:
                   description="An OpenAI-compatible API for one model.")
     app.state.serving = _serving_state(engine, config)
     app.include_router(router)
+    if config.dashboard:
+        install_dashboard(app, engine)
     install_error_handlers(app)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)

@@ -24,6 +24,7 @@ class ServerConfig:
     log_level: str = "info"
     access_log: bool = True
     engine_process: bool | None = None  # None: a process when the engine runs on CUDA
+    dashboard: bool = True  # /dashboard and /v1/engine/state (docs/dashboard.md)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -46,6 +47,7 @@ class ServerConfig:
             log_level=args.uvicorn_log_level,
             access_log=not args.disable_uvicorn_access_log,
             engine_process=args.engine_process,
+            dashboard=getattr(args, "dashboard", True),
         )
 
 
@@ -79,5 +81,8 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="run the engine in a process of its own (its own GIL; a crash there leaves "
                         "the server answering 503) instead of on a thread of the server process "
                         "(default: a process on a GPU, a thread on the CPU; docs/serving.md)")
+    g.add_argument("--dashboard", action=argparse.BooleanOptionalAction, default=d.dashboard,
+                   help="serve the live engine view at /dashboard and /v1/engine/state (behind --api-key "
+                        "when set; docs/dashboard.md)")
     EngineArgs.add_cli_args(parser)
     return parser
