@@ -14,6 +14,7 @@ that arrived after the last schedule() is "arrived".
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -33,6 +34,8 @@ WAIT_REASONS = ("no_blocks", "token_budget", "max_num_seqs", "preempting", "pare
 # One character per KV block in EngineState["blocks"]["device"] / ["cpu"].
 FREE, CACHED, OWNED, SHARED = "f", "c", "o", "s"  # device blocks
 SWAPPED = "w"  # a CPU block holding a swapped-out request's K/V
+_RUNS = re.compile(rb"f+|c+|o+|s+|w+")
+_RUN = re.compile(r"([fcosw])(\d+)")
 
 
 class RequestView(TypedDict, total=False):
@@ -181,12 +184,14 @@ def _status(request: Request, kv: KVCacheManager) -> str:
 
 
 def block_map(kv: KVCacheManager) -> dict[str, Any]:
-    """One character per device block and per CPU block, by block id.
+    """The state of every device block and every CPU block, by block id, run-length encoded.
 
     Device: FREE (holds nothing anyone can reuse), CACHED (free, but the prefix cache still
     maps a hash to it: a later request may revive it; allocation evicts these oldest first),
     OWNED (in exactly one block table), SHARED (ref count > 1: a prefix-cache hit or a fork of
-    n > 1 samples or beams). CPU: FREE or SWAPPED.
+    n > 1 samples or beams). CPU: FREE or SWAPPED. Runs of one state are written as the state's
+    letter and the run's length ("o3f5" is blocks 0-2 owned, 3-7 free): a large cache is mostly
+    long runs, and a map of 400k blocks then weighs a few bytes rather than 400 kB per update.
     """
     pool = kv.block_pool
     device = bytearray(FREE.encode()) * pool.num_blocks
@@ -201,4 +206,13 @@ def block_map(kv: KVCacheManager) -> dict[str, Any]:
     for table in kv.swap_space.tables.values():
         for block_id in table:
             cpu[block_id] = ord(SWAPPED)
-    return {"device": device.decode(), "cpu": cpu.decode()}
+    return {"device": run_length(device), "cpu": run_length(cpu)}
+
+
+def run_length(states: bytes | bytearray) -> str:
+    return "".join(f"{chr(states[m.start()])}{m.end() - m.start()}" for m in _RUNS.finditer(states))
+
+
+def expand_runs(encoded: str) -> str:
+    """The inverse of run_length: one letter per block."""
+    return "".join(letter * int(count) for letter, count in _RUN.findall(encoded))

@@ -138,7 +138,7 @@ class AsyncLLM:
     def enable_state_history(self) -> None:
         """Record throughput, TTFT and ITL per second from now on (engine/state_history.py)."""
         if self.history is None:
-            self.history = StateHistory()
+            self.history = StateHistory(self._stats.num_computed_tokens)
 
     async def engine_state(self, with_blocks: bool = False) -> dict[str, Any]:
         """The engine's queues and KV cache, read between two steps (core/engine_state.py),

@@ -37,20 +37,20 @@ class _Bucket:
 
 
 class StateHistory:
-    def __init__(self, window_s: int = DEFAULT_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, num_computed_tokens: int = 0, window_s: int = DEFAULT_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s < 1:
             raise ValueError(f"window_s must be a positive integer, got {window_s!r}.")
         self.window_s = window_s
         self._clock = clock
         self._buckets: deque[_Bucket] = deque()
         self._last_token_time: dict[str, float] = {}  # unfinished request id -> its last token's time
-        self._computed_tokens: int | None = None  # the engine's counter at the last step
+        self._computed_tokens = num_computed_tokens  # the engine's counter at the last step
 
     # ---- recording --------------------------------------------------------------------------
     def record_step(self, outputs: list[RequestOutput], num_computed_tokens: int) -> None:
         bucket = self._bucket()
-        if self._computed_tokens is not None:
-            bucket.computed_tokens += max(0, num_computed_tokens - self._computed_tokens)
+        bucket.computed_tokens += max(0, num_computed_tokens - self._computed_tokens)
         self._computed_tokens = num_computed_tokens
         for output in outputs:
             self._record_output(bucket, output)

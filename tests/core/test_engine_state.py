@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from folio.core.engine_state import build_engine_state
+from folio.core.engine_state import build_engine_state, expand_runs, run_length
 from folio.core.request import RequestStatus
 from tests.core.fakes import FakeModel, make_request, make_scheduler
 
@@ -24,9 +24,19 @@ def _step(sched, model):
 
 
 def _state(sched, with_blocks=True):
+    """The state, checked against the schema, with its block map expanded to a letter per block."""
     state = build_engine_state(sched, with_blocks=with_blocks)
     jsonschema.validate({**json.loads(json.dumps(state)), "series": None}, SCHEMA)
+    if with_blocks:
+        state["blocks"] = {k: expand_runs(v) for k, v in state["blocks"].items()}
     return state
+
+
+def test_run_length_round_trips():
+    for states in ("", "f", "ffffoosf", "o" * 1000 + "c" * 3 + "f" * 400_000):
+        encoded = run_length(states.encode())
+        assert expand_runs(encoded) == states
+    assert run_length(b"oooffs") == "o3f2s1"
 
 
 def _reasons(state):
