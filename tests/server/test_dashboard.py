@@ -22,9 +22,24 @@ BLOCK_SIZE = 16
 PROMPT = "Once upon a time " * 6  # two blocks and more: requests share them when prefix caching is on
 
 
+STEP_DELAY_S = 0.03  # slows the tiny model so that a request lives through several state reads
+
+
+def slow_steps(engine, delay_s: float = STEP_DELAY_S):
+    """Make the AsyncLLM's engine (on a thread) sleep before each step; returns the engine."""
+    step = engine.engine.step
+
+    def slow_step():
+        time.sleep(delay_s)
+        return step()
+
+    engine.engine.step = slow_step
+    return engine
+
+
 @pytest.fixture(scope="module")
 def dash_server(checkpoint):
-    with ServerThread(make_engine(checkpoint, max_num_seqs=2, max_waiting_requests=64)) as running:
+    with ServerThread(slow_steps(make_engine(checkpoint, max_num_seqs=2, max_waiting_requests=64))) as running:
         yield running
 
 
@@ -94,6 +109,7 @@ def test_requests_show_while_they_run_and_an_aborted_one_leaves(dash_server):
     streams = [Streamer(dash_server, model) for _ in range(3)]
     try:
         wait_for(lambda: num_started(streams) == 2, "two requests to run")
+        wait_for(lambda: get_state(dash_server)["queues"]["num_waiting"] == 1, "the third to wait")
         state = get_state(dash_server, blocks=True)
         running = [s for s in streams if s.id is not None]
         assert _running_ids(state) == {s.id for s in running} and state["queues"]["num_running"] == 2
@@ -149,12 +165,15 @@ def test_the_stream_sends_states_while_someone_listens(dash_server):
         for line in r.iter_lines():
             if line.startswith("data: "):
                 events.append(json.loads(line[6:]))
-                if len(events) == 3:
+                if len(events) == 8:
                     break
     for state in events:
         jsonschema.validate(state, SCHEMA)
         assert state["blocks"] is not None
     assert events[0]["time"] < events[2]["time"]
+    # The series come first, then only when they changed (once a second, at ~4 events a second).
+    assert "series" in events[0] and len(events[0]["series"]["itl_s"]) == 300
+    assert 2 <= sum("series" in e for e in events) <= 5
     wait_for(lambda: feed.num_subscribers == 0, "the feed to notice the client left")
     reads = feed.num_reads
     get_state(dash_server)  # a plain read does not go through the feed

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -18,27 +17,19 @@ import pytest
 from folio.entrypoints.openai.cli_args import ServerConfig
 from tests.helpers.chromium import Chromium, find_browser
 from tests.server.harness import ServerThread, make_engine, wait_for
-from tests.server.test_dashboard import Streamer, num_started
+from tests.server.test_dashboard import Streamer, num_started, slow_steps
 
 BROWSER = find_browser()
 pytestmark = pytest.mark.skipif(BROWSER is None, reason="no Chromium found (apt-get install chromium) for the browser test")
 
 KEY = "sk-browser"
-STEP_DELAY_S = 0.03  # slows the tiny model so that a request lives through several page updates
 README_SHOT = Path(__file__).parents[2] / "docs" / "dashboard.png"
 
 
 @pytest.fixture(scope="module")
 def slow_server(checkpoint):
-    engine = make_engine(checkpoint, max_num_seqs=3, max_waiting_requests=64, enable_prefix_caching=True,
-                         num_gpu_blocks_override=300)
-    step = engine.engine.step
-
-    def slow_step():
-        time.sleep(STEP_DELAY_S)
-        return step()
-
-    engine.engine.step = slow_step
+    engine = slow_steps(make_engine(checkpoint, max_num_seqs=3, max_waiting_requests=64, enable_prefix_caching=True,
+                                    num_gpu_blocks_override=300))
     with ServerThread(engine, ServerConfig(api_key=KEY)) as running:
         yield running
 

@@ -5,6 +5,10 @@ to leave stops it, so an unwatched server pays nothing. Each read is serialized 
 variant (with or without the block map: the map is read only while a subscriber asked for it)
 and handed to every subscriber's one-slot mailbox; a subscriber too slow to take an update
 finds only the newest one waiting, never a backlog.
+
+The per-second series change once a second while updates come four times as often: an event
+carries "series" only when it differs from the last series that subscriber was sent (its first
+event always has it), which keeps most events to the queues and counters.
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ logger = init_logger(__name__)
 UPDATE_INTERVAL_S = 0.25  # ~4 updates a second
 
 
-def encode_state(state: dict[str, Any]) -> str:
+def encode_state(state: Any) -> str:
     return json.dumps(state, separators=(",", ":"), allow_nan=False)
 
 
 class _Subscriber:
     def __init__(self, with_blocks: bool) -> None:
         self.with_blocks = with_blocks
+        self.series_version = -1  # of the last series it was sent
         self.mailbox: asyncio.Queue[str | None] = asyncio.Queue(maxsize=1)  # None: the feed ended
 
     def deliver(self, event: str | None) -> None:
@@ -44,6 +49,8 @@ class StateFeed:
         self._subscribers: set[_Subscriber] = set()
         self._task: asyncio.Task | None = None
         self.num_reads = 0  # since start, for tests and measurements
+        self._series: Any = None
+        self._series_version = 0
 
     @property
     def num_subscribers(self) -> int:
@@ -86,12 +93,19 @@ class StateFeed:
         with_blocks = any(s.with_blocks for s in self._subscribers)
         state = await self.engine.engine_state(with_blocks)
         self.num_reads += 1
-        full = f"data: {encode_state(state)}\n\n"
-        plain = full
+        series = state.pop("series", None)
+        if series != self._series:
+            self._series, self._series_version = series, self._series_version + 1
+        bodies = {True: encode_state(state)}  # with blocks (or none were asked for), no series
         if with_blocks and not all(s.with_blocks for s in self._subscribers):
-            plain = f"data: {encode_state(_without_blocks(state))}\n\n"
+            bodies[False] = encode_state(_without_blocks(state))
+        series_json = encode_state(series)
         for subscriber in list(self._subscribers):
-            subscriber.deliver(full if subscriber.with_blocks else plain)
+            body = bodies[subscriber.with_blocks or not with_blocks]
+            if subscriber.series_version != self._series_version:
+                subscriber.series_version = self._series_version
+                body = f'{body[:-1]},"series":{series_json}}}'
+            subscriber.deliver(f"data: {body}\n\n")
 
     def _end_all(self) -> None:
         for subscriber in list(self._subscribers):

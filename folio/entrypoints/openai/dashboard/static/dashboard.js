@@ -134,6 +134,8 @@ function reconnect() {
 
 // ---- rendering ---------------------------------------------------------------------------------------
 function render(state) {
+  // The stream sends the series only when they changed (about once a second): keep the last.
+  if (state.series === undefined && view.state) state.series = view.state.series;
   view.state = state;
   view.updates += 1;
   document.body.dataset.updates = String(view.updates);
