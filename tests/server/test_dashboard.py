@@ -230,3 +230,23 @@ def test_the_state_crosses_from_an_engine_process(checkpoint):
         finally:
             stream.close()
         wait_for(lambda: get_state(server)["queues"]["num_running"] == 0, "the abort to reach the process")
+
+
+def test_a_dead_engine_ends_the_stream_and_answers_503(checkpoint):
+    engine = make_engine(checkpoint)
+
+    def broken_step():
+        raise RuntimeError("the device fell over")
+
+    engine.engine.step = broken_step
+    with ServerThread(engine) as server:
+        lines = []
+        with httpx.stream("GET", f"{server.url}/v1/engine/state/stream", timeout=HANG_LIMIT_S) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if len(lines) == 2:  # one state arrived: now kill the engine with a request
+                    httpx.post(f"{server.base_url}/completions", timeout=HANG_LIMIT_S,
+                               json={"model": engine.model_config.served_model_name, "prompt": "Hi", "max_tokens": 2})
+        assert "event: end" in lines
+        r = httpx.get(f"{server.url}/v1/engine/state")
+        assert r.status_code == 503 and "fell over" in r.json()["error"]["message"]
