@@ -36,6 +36,7 @@ FREE, CACHED, OWNED, SHARED = "f", "c", "o", "s"  # device blocks
 SWAPPED = "w"  # a CPU block holding a swapped-out request's K/V
 _RUNS = re.compile(rb"f+|c+|o+|s+|w+")
 _RUN = re.compile(r"([fcosw])(\d+)")
+_CACHED, _OWNED, _SHARED = ord(CACHED), ord(OWNED), ord(SHARED)
 
 
 class RequestView(TypedDict, total=False):
@@ -196,14 +197,17 @@ def block_map(kv: KVCacheManager) -> dict[str, Any]:
     pool = kv.block_pool
     device = bytearray(FREE.encode()) * pool.num_blocks
     if kv.prefix_cache is not None:
-        for _, block_id in kv.prefix_cache.items():
-            if pool.is_free(block_id):
-                device[block_id] = ord(CACHED)
+        for block_id in kv.prefix_cache.cached_among(pool.free_blocks_view()):
+            device[block_id] = _CACHED
+    ref_counts = pool.ref_counts()
     for table in kv.block_tables.values():
         for block_id in table:
-            device[block_id] = ord(SHARED if pool.ref_count(block_id) > 1 else OWNED)
-    cpu = bytearray(FREE.encode()) * kv.swap_space.num_blocks
-    for table in kv.swap_space.tables.values():
+            device[block_id] = _SHARED if ref_counts[block_id] > 1 else _OWNED
+    swap = kv.swap_space
+    if not swap.tables:  # the usual case: a large, idle CPU pool is one run
+        return {"device": run_length(device), "cpu": f"{FREE}{swap.num_blocks}" if swap.num_blocks else ""}
+    cpu = bytearray(FREE.encode()) * swap.num_blocks
+    for table in swap.tables.values():
         for block_id in table:
             cpu[block_id] = ord(SWAPPED)
     return {"device": run_length(device), "cpu": run_length(cpu)}

@@ -8,7 +8,9 @@ finds only the newest one waiting, never a backlog.
 
 The per-second series change once a second while updates come four times as often: an event
 carries "series" only when it differs from the last series that subscriber was sent (its first
-event always has it), which keeps most events to the queues and counters.
+event always has it). The block map, the costly part of a read for the engine, is read every
+BLOCK_MAP_EVERY-th update (about once a second; at once for a new subscriber that asked for it);
+events without one leave "blocks" out. So most events carry only the queues and counters.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from folio.logger import init_logger
 logger = init_logger(__name__)
 
 UPDATE_INTERVAL_S = 0.25  # ~4 updates a second
+BLOCK_MAP_EVERY = 4  # reads: the block map (the costly part) refreshes about once a second
 
 
 def encode_state(state: Any) -> str:
@@ -34,6 +37,7 @@ class _Subscriber:
     def __init__(self, with_blocks: bool) -> None:
         self.with_blocks = with_blocks
         self.series_version = -1  # of the last series it was sent
+        self.has_map = False  # it was sent a block map
         self.mailbox: asyncio.Queue[str | None] = asyncio.Queue(maxsize=1)  # None: the feed ended
 
     def deliver(self, event: str | None) -> None:
@@ -90,18 +94,20 @@ class StateFeed:
             await asyncio.sleep(max(0.0, self.interval_s - (loop.time() - started)))
 
     async def _publish(self) -> None:
-        with_blocks = any(s.with_blocks for s in self._subscribers)
+        mapped = [s for s in self._subscribers if s.with_blocks]
+        with_blocks = bool(mapped) and (self.num_reads % BLOCK_MAP_EVERY == 0 or not all(s.has_map for s in mapped))
         state = await self.engine.engine_state(with_blocks)
         self.num_reads += 1
         series = state.pop("series", None)
         if series != self._series:
             self._series, self._series_version = series, self._series_version + 1
-        bodies = {True: encode_state(state)}  # with blocks (or none were asked for), no series
-        if with_blocks and not all(s.with_blocks for s in self._subscribers):
-            bodies[False] = encode_state(_without_blocks(state))
+        plain = _without_blocks(state)
+        bodies = {False: encode_state(plain), True: encode_state(state) if with_blocks else None}
         series_json = encode_state(series)
         for subscriber in list(self._subscribers):
-            body = bodies[subscriber.with_blocks or not with_blocks]
+            gets_map = with_blocks and subscriber.with_blocks
+            subscriber.has_map |= gets_map
+            body = bodies[gets_map]
             if subscriber.series_version != self._series_version:
                 subscriber.series_version = self._series_version
                 body = f'{body[:-1]},"series":{series_json}}}'
@@ -113,9 +119,11 @@ class StateFeed:
 
 
 def _without_blocks(state: dict[str, Any]) -> dict[str, Any]:
-    queues = {k: [_drop_block_ids(r) for r in v] if isinstance(v, list) else v
-              for k, v in state["queues"].items()}
-    return {**state, "blocks": None, "queues": queues}
+    """The state minus its block map ("blocks" absent: the reader keeps the map it has)."""
+    queues = state["queues"]
+    if state.get("blocks") is not None:
+        queues = {k: [_drop_block_ids(r) for r in v] if isinstance(v, list) else v for k, v in queues.items()}
+    return {**{k: v for k, v in state.items() if k != "blocks"}, "queues": queues}
 
 
 def _drop_block_ids(view: dict[str, Any]) -> dict[str, Any]:

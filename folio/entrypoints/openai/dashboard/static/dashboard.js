@@ -134,8 +134,14 @@ function reconnect() {
 
 // ---- rendering ---------------------------------------------------------------------------------------
 function render(state) {
-  // The stream sends the series only when they changed (about once a second): keep the last.
+  // The stream sends the series when they changed, the block map about once a second: keep the last.
   if (state.series === undefined && view.state) state.series = view.state.series;
+  if (state.blocks === undefined && view.state && $("show-blocks").checked) {
+    state.blocks = view.state.blocks;
+    state.mapQueues = view.state.mapQueues;
+  } else {
+    state.mapQueues = state.queues;  // the requests whose block ids came with this map
+  }
   view.state = state;
   view.updates += 1;
   document.body.dataset.updates = String(view.updates);
@@ -236,7 +242,7 @@ function sparkline(canvas, values, colour) {
 function indexOwners(state) {
   view.owners = new Map();
   view.cpuOwners = new Map();
-  const q = state.queues;
+  const q = state.mapQueues;
   for (const r of [...q.running, ...q.waiting, ...q.swapped, ...q.parked]) {
     for (const b of r.block_ids || []) push(view.owners, b, r.id);
     for (const b of r.cpu_block_ids || []) push(view.cpuOwners, b, r.id);
@@ -250,7 +256,7 @@ function push(map, key, value) {
 
 function renderBlocks(state) {
   const map = $("block-map");
-  if (!state.blocks) {
+  if (!state.blocks || !$("show-blocks").checked) {
     map.hidden = true;
     $("blocks-summary").textContent = "(off)";
     return;
