@@ -141,7 +141,7 @@ class EngineLoop:
             if results:  # answer the adds now: their callers need not wait for the step
                 self.emit(Accepted(results, self.engine.stats()))
             if not self.engine.has_unfinished_requests():
-                if commands:  # aborts changed the stats
+                if any(not isinstance(c, StateCommand) for c in commands):  # aborts changed the stats
                     self.emit(Stepped([], {}, self.engine.stats(), 0.0))
                 continue
             start = time.perf_counter()

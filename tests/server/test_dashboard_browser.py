@@ -84,12 +84,12 @@ def test_the_page_follows_requests_as_they_start_finish_and_abort(slow_server, b
                            "the page to show the request that took its seat")
         browser.wait_for_js("window.folioDashboard.state.series.generation_tokens_per_s.filter(x => x > 0).length >= 2",
                             "two seconds of throughput in the sparklines")
-        _hover_a_used_block(browser)
         shot = tmp_path / "dashboard.png"
         browser.screenshot(str(shot))
         assert shot.stat().st_size > 10_000
         if os.environ.get("FOLIO_UPDATE_SCREENSHOT"):
             shutil.copyfile(shot, README_SHOT)
+        _hover_a_used_block(browser)
 
     finally:
         for s in streams:
@@ -100,7 +100,11 @@ def test_the_page_follows_requests_as_they_start_finish_and_abort(slow_server, b
 
 
 def _hover_a_used_block(browser) -> None:
-    """Hover the first used block: its request's row lights up and the tooltip names it."""
+    """Hover the first used block: its request's row lights up, the tooltip names it, and its
+    blocks stay bright while the rest dims, also when the last update carried no block map."""
+    browser.wait_for_js("window.folioDashboard.state.mapQueues !== window.folioDashboard.state.queues",
+                        "an update without a block map")
+    browser.evaluate("document.getElementById('paused').click()")  # no update redraws after the hover
     first = browser.evaluate("""(() => { const m = document.getElementById('block-map');
         const i = Math.min(...window.folioDashboard.owners.keys());
         const r = m.getBoundingClientRect(), size = +m.dataset.size, cols = +m.dataset.cols;
@@ -111,6 +115,12 @@ def _hover_a_used_block(browser) -> None:
     assert first["owners"][0] in text(browser, "tooltip")
     browser.wait_for_js(f"document.querySelector('tr.hot')?.dataset.requestId === {first['owners'][0]!r}",
                         "the hovered request's row to light up")
+    pixel = browser.evaluate(f"""(() => {{ const m = document.getElementById('block-map');
+        const d = m.getContext('2d').getImageData({first['x']} - m.getBoundingClientRect().left,
+                                                  {first['y']} - m.getBoundingClientRect().top, 1, 1).data;
+        return Array.from(d); }})()""")
+    assert pixel[3] == 255, pixel  # opaque: not dimmed
+    browser.evaluate("document.getElementById('paused').click()")
 
 
 def test_a_wrong_key_asks_for_the_right_one(slow_server, browser):

@@ -134,14 +134,7 @@ function reconnect() {
 
 // ---- rendering ---------------------------------------------------------------------------------------
 function render(state) {
-  // The stream sends the series when they changed, the block map about once a second: keep the last.
-  if (state.series === undefined && view.state) state.series = view.state.series;
-  if (state.blocks === undefined && view.state && $("show-blocks").checked) {
-    state.blocks = view.state.blocks;
-    state.mapQueues = view.state.mapQueues;
-  } else {
-    state.mapQueues = state.queues;  // the requests whose block ids came with this map
-  }
+  if (state !== view.state) keepWhatTheEventLeftOut(state);
   view.state = state;
   view.updates += 1;
   document.body.dataset.updates = String(view.updates);
@@ -158,6 +151,19 @@ function render(state) {
   renderQueues(q);
   renderSeries(state.series);
   renderBlocks(state);
+}
+
+// The stream sends the series when they changed and the block map about once a second: an
+// event without them keeps the last ones (with the requests whose block ids came with that map).
+function keepWhatTheEventLeftOut(state) {
+  const last = view.state;
+  if (state.series === undefined && last) state.series = last.series;
+  if (state.blocks !== undefined) {
+    state.mapQueues = state.queues;
+  } else if (last && $("show-blocks").checked) {
+    state.blocks = last.blocks;
+    state.mapQueues = last.mapQueues;
+  }
 }
 
 function percent(x) { return `${(100 * x).toFixed(1)}%`; }
