@@ -11,8 +11,11 @@ import time
 import httpx
 import jsonschema
 import pytest
+import torch
 
 from folio.core.engine_state import expand_runs
+from folio.engine.arg_utils import EngineArgs
+from folio.engine.async_llm import AsyncLLM
 from folio.entrypoints.openai.cli_args import ServerConfig
 from folio.entrypoints.openai.dashboard.routes import STATIC_DIR
 from tests.server.harness import HANG_LIMIT_S, ServerThread, make_engine, wait_for
@@ -251,3 +254,32 @@ def test_a_dead_engine_ends_the_stream_and_answers_503(checkpoint):
         assert "event: end" in lines
         r = httpx.get(f"{server.url}/v1/engine/state")
         assert r.status_code == 503 and "fell over" in r.json()["error"]["message"]
+
+
+def test_no_dashboard_is_a_serve_flag():
+    from folio.entrypoints.openai.api_server import make_parser
+
+    assert ServerConfig.from_cli_args(make_parser().parse_args(["--no-dashboard"])).dashboard is False
+    assert ServerConfig.from_cli_args(make_parser().parse_args([])).dashboard is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_state_of_a_gpu_engine_in_its_own_process(checkpoint):
+    """The GPU path as `folio serve` runs it: engine process, CUDA runner, async scheduling."""
+    args = EngineArgs(model=checkpoint, dtype="float32", device="cuda", max_model_len=256, seed=0,
+                      num_gpu_blocks_override=256)
+    with ServerThread(AsyncLLM.from_engine_args(args, engine_process=True)) as server:
+        model = server.engine.model_config.served_model_name
+        streams = [Streamer(server, model) for _ in range(3)]
+        try:
+            wait_for(lambda: num_started(streams) == 3 and min(s.chunks for s in streams) > 2, "the requests to run")
+            state = get_state(server, blocks=True)
+            device = state["blocks"]["device"]
+            tables = [r["block_ids"] for r in state["queues"]["running"]]
+            assert {r["id"] for r in state["queues"]["running"]} <= {s.id for s in streams}
+            assert device.count("o") + device.count("s") == len({b for t in tables for b in t}) == state["kv"]["num_used_blocks"]
+        finally:
+            for s in streams:
+                s.close()
+        wait_for(lambda: get_state(server)["kv"]["num_used_blocks"] == 0, "the blocks to be freed")
