@@ -165,7 +165,7 @@ def _view(request: Request, kv: KVCacheManager, now: float, wait_reason: str | N
         "num_blocks": len(kv.get_block_ids(request_id)),
         "num_cpu_blocks": kv.swap_space.num_held_blocks(request_id),
         "preemptions": request.num_preemptions,
-        "age_s": round(max(0.0, now - request.arrival_time), 3),
+        "age_s": max(0.0, now - request.arrival_time),
         "wait_reason": wait_reason,
     }
     if with_blocks:

@@ -53,7 +53,7 @@ def used_blocks(browser) -> int:
 
 
 def test_the_page_follows_requests_as_they_start_finish_and_abort(slow_server, browser, tmp_path):
-    browser.navigate(f"{slow_server.url}/dashboard?key={KEY}")
+    browser.navigate(f"{slow_server.url}/dashboard#key={KEY}")
     browser.wait_for_js("Number(document.body.dataset.updates) >= 2", "the first updates")
     assert "key=" not in browser.evaluate("location.href")  # the key left the address bar
     assert text(browser, "num-running") == "0" and used_blocks(browser) == 0
@@ -100,20 +100,23 @@ def test_the_page_follows_requests_as_they_start_finish_and_abort(slow_server, b
 
 
 def _hover_a_used_block(browser) -> None:
-    """Hover the first used block: its request's row lights up, the tooltip names it, and its
-    blocks stay bright while the rest dims, also when the last update carried no block map."""
+    """Hover the first block of a listed running request: its row lights up, the tooltip names
+    it, and its blocks stay bright while the rest dims, also when the last update carried no
+    block map (the map the page shows may be up to a second older than the rows)."""
     browser.wait_for_js("window.folioDashboard.state.mapQueues !== window.folioDashboard.state.queues",
                         "an update without a block map")
     browser.evaluate("document.getElementById('paused').click()")  # no update redraws after the hover
     first = browser.evaluate("""(() => { const m = document.getElementById('block-map');
-        const i = Math.min(...window.folioDashboard.owners.keys());
+        const rows = new Set([...document.querySelectorAll('#running tbody tr')].map(r => r.dataset.requestId));
+        const [i, ids] = [...window.folioDashboard.owners].filter(([, ids]) => ids.some(id => rows.has(id)))
+                                                          .sort((a, b) => a[0] - b[0])[0];
         const r = m.getBoundingClientRect(), size = +m.dataset.size, cols = +m.dataset.cols;
         return {x: r.left + (i % cols) * size + size / 2, y: r.top + Math.floor(i / cols) * size + size / 2,
-                owners: window.folioDashboard.owners.get(i)}; })()""")
+                owner: ids.find(id => rows.has(id))}; })()""")
     browser.mouse_move(first["x"], first["y"])
     browser.wait_for_js("!document.getElementById('tooltip').hidden", "the tooltip")
-    assert first["owners"][0] in text(browser, "tooltip")
-    browser.wait_for_js(f"document.querySelector('tr.hot')?.dataset.requestId === {first['owners'][0]!r}",
+    assert first["owner"] in text(browser, "tooltip")
+    browser.wait_for_js(f"[...document.querySelectorAll('tr.hot')].some(r => r.dataset.requestId === {first['owner']!r})",
                         "the hovered request's row to light up")
     pixel = browser.evaluate(f"""(() => {{ const m = document.getElementById('block-map');
         const d = m.getContext('2d').getImageData({first['x']} - m.getBoundingClientRect().left,

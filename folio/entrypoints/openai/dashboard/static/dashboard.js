@@ -25,13 +25,16 @@ window.folioDashboard = view;  // for tests and curious operators
 const $ = (id) => document.getElementById(id);
 
 // ---- the API key ---------------------------------------------------------------------------------
+// /dashboard#key=KEY (never sent to the server, so never in its access log) or ?key=KEY: the key is
+// kept for this tab only and taken out of the address bar.
 function takeKeyFromUrl() {
   const url = new URL(window.location.href);
-  const key = url.searchParams.get("key");
+  const fromHash = new URLSearchParams(url.hash.slice(1)).get("key");
+  const key = fromHash !== null ? fromHash : url.searchParams.get("key");
   if (key !== null) {
     sessionStorage.setItem(KEY_STORAGE, key);
     url.searchParams.delete("key");
-    window.history.replaceState(null, "", url.pathname + url.search + url.hash);
+    window.history.replaceState(null, "", url.pathname + url.search);
   }
 }
 
