@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from folio.lora.request import LoRARequest
 from folio.outputs import CompletionOutput, Logprob, RequestOutput
 from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from folio.version import __version__
@@ -41,6 +42,7 @@ __all__ = [
     "EngineArgs",
     "LLMEngine",
     "Logprob",
+    "LoRARequest",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",

@@ -21,6 +21,7 @@ LAYERS = [
     ("folio/models", "The architectures and checkpoint loading."),
     ("folio/layers", "Layers the models are built from; each dispatches to a Triton kernel on CUDA."),
     ("folio/attention", "Per-step attention metadata and the backends that read K/V through block tables."),
+    ("folio/lora", "Multi-LoRA: PEFT adapters read and checked, GPU slots with a CPU LRU, layer wrappers."),
     ("folio/kernels", "Triton kernels, each with a launcher that checks shapes and a plain-torch reference."),
     ("folio/config", "Frozen configuration dataclasses, one per concern, validated once."),
     ("folio/transformers_utils", "Tokenizers, chat templates and where checkpoints live."),

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # One GPU session's checks and measurements, in parts that each fit a 10-minute device call.
 #   bash scripts/gpu_session.sh PART...   (PART: tests w1 llama serve serve-sync serve-process prefix
-#   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama)
+#   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
+#   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
+#   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
+#   vs-vllm-latency-llama)
+# vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
+# into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
+# scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
 # Writes logs and JSON under $OUT (default ./gpu-out). Run from the repository root; no install.
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -45,6 +51,30 @@ peers-qwen-generate) part peers-qwen-generate  # static generate on the whole of
 peers-llama) part peers-llama
   timeout 560 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --peer transformers \
     --peer-num-requests 128 --no-progress --json "$OUT/llama-3.1-8b-w1.json" 2> "$OUT/llama-3.1-8b-w1.log" | tail -40 ;;
+perf-tests) part perf-tests
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_prefill_attention.py \
+    tests/kernels/test_gumbel_sample.py tests/kernels/test_triton_backend.py tests/kernels/test_paged_attention.py \
+    tests/sample/test_sampler_gpu.py 2>&1 | tail -15 | tee "$OUT/perf-tests.txt" ;;
+kernels-prefill) part kernels-prefill  # prefill kernel vs unified, and its tile sweep
+  mkdir -p "$OUT/kprefill"; timeout 240 python3 -m folio.kernels.benchmark --only prefill --sweep \
+    --out "$OUT/kprefill" 2>&1 | tail -56 ;;
+kernels-sampling) part kernels-sampling  # fused Gumbel-max draw vs the torch race
+  mkdir -p "$OUT/ksample"; timeout 120 python3 -m folio.kernels.benchmark --only sampling --out "$OUT/ksample" 2>&1 | tail -14 ;;
+latency-qwen|latency-llama|vs-vllm-latency-qwen|vs-vllm-latency-llama) part $p
+  case $p in *qwen) M=$QWEN; N=qwen3-0.6b;; *) M=$LLAMA; N=llama-3.1-8b;; esac
+  case $p in vs-*) PEER="--peer vllm";; *) PEER="";; esac
+  timeout 560 python3 -m folio bench latency --model $M --load-format dummy --dtype bfloat16 $PEER \
+    --json "$OUT/latency-$N${PEER:+-vs-vllm}.json" 2>&1 | grep -vE "INFO|it/s" | tail -12 ;;
+w1-qwen-t06|w1-qwen-greedy|w1-llama-t06|vs-vllm-qwen|vs-vllm-llama) part $p
+  case $p in *llama*) M=$LLAMA; N=llama-3.1-8b;; *) M=$QWEN; N=qwen3-0.6b;; esac
+  case $p in *greedy) TEMPS="0";; vs-vllm-qwen) TEMPS="0.6 0";; *) TEMPS="0.6";; esac
+  case $p in vs-*) PEER="--peer vllm";; *) PEER="";; esac
+  for T in $TEMPS; do
+    timeout 280 python3 -m folio bench throughput --model $M $COMMON --workload w1 --temperature $T $PEER \
+      --no-progress --json "$OUT/w1-$N-t$T${PEER:+-vs-vllm}.json" 2> "$OUT/w1-$N-t$T.log" | tail -22
+  done ;;
+vllm-install) part vllm-install
+  bash "${VLLM_PARTS:?carried folder with install.sh and the parts}/install.sh" "$VLLM_PARTS" "${VLLM_NPARTS:-3}" ;;
 *) echo "unknown part $p"; exit 2 ;;
 esac; done
 echo "=== done $(date +%T)"

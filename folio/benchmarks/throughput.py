@@ -1,6 +1,6 @@
 """Offline throughput of folio on a workload: every request at once through `LLM.generate`.
 
-Greedy sampling, EOS ignored, max_tokens = the request's output length, so every request must
+Greedy sampling (or `temperature`, with no other truncation), EOS ignored, max_tokens = the request's output length, so every request must
 produce exactly its length; the run checks that. The clock covers `generate` only (engine
 start-up, weight loading and CUDA-graph capture are not in it), as in vLLM's
 benchmark_throughput. A short warm-up generate runs first so that one-time JIT compilation of
@@ -35,11 +35,11 @@ class FolioRun:
     device: str  # the resolved device ("cuda", "cpu")
 
 
-def sampling_params_for(workload: Workload, detokenize: bool) -> list[Any]:
+def sampling_params_for(workload: Workload, detokenize: bool, temperature: float = 0.0) -> list[Any]:
     from folio import SamplingParams
 
     return [
-        SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=r.output_len, detokenize=detokenize)
+        SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=r.output_len, detokenize=detokenize)
         for r in workload.requests
     ]
 
@@ -52,6 +52,7 @@ def run_folio(
     detokenize: bool = True,
     warmup: bool = True,
     progress: bool = True,
+    temperature: float = 0.0,
 ) -> FolioRun:
     """Build the engine, run the workload once, report, and free the engine's device memory.
 
@@ -64,28 +65,35 @@ def run_folio(
     config = llm.llm_engine.config
     try:
         if warmup:
-            _warm_up(llm, config.model.vocab_size, detokenize)
-        result = _timed_generate(llm, workload, detokenize, progress)
+            _warm_up(llm, config.model.vocab_size, detokenize, temperature)
+        result = _timed_generate(llm, workload, detokenize, progress, temperature)
         stats = _stats_dict(llm)
         subset_result = None
         if subset is not None and subset is not workload:
-            subset_result = _timed_generate(llm, subset, detokenize, progress)
+            subset_result = _timed_generate(llm, subset, detokenize, progress, temperature)
     finally:
         del llm
         release_device_memory()
     return FolioRun(result, subset_result, stats, config.model.model, config.model.dtype, config.device.device)
 
 
-def _warm_up(llm: Any, vocab_size: int, detokenize: bool) -> None:
-    warm = random_workload(
+def warmup_workload(vocab_size: int) -> Workload:
+    """The short untimed run before the timed one (one-time kernel compilation)."""
+    return random_workload(
         _WARMUP_PROMPT_LEN, _WARMUP_OUTPUT_LEN, _WARMUP_REQUESTS,
         vocab_limit=min(vocab_size, 10001), seed=12345,
     )
-    llm.generate(_prompts(warm), sampling_params_for(warm, detokenize), use_tqdm=False)
 
 
-def _timed_generate(llm: Any, workload: Workload, detokenize: bool, progress: bool) -> RunResult:
-    prompts, params = _prompts(workload), sampling_params_for(workload, detokenize)
+def _warm_up(llm: Any, vocab_size: int, detokenize: bool, temperature: float) -> None:
+    warm = warmup_workload(vocab_size)
+    llm.generate(_prompts(warm), sampling_params_for(warm, detokenize, temperature), use_tqdm=False)
+
+
+def _timed_generate(
+    llm: Any, workload: Workload, detokenize: bool, progress: bool, temperature: float
+) -> RunResult:
+    prompts, params = _prompts(workload), sampling_params_for(workload, detokenize, temperature)
     _synchronize()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=progress)

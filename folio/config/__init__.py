@@ -3,6 +3,7 @@
 from folio.config.cache import CacheConfig
 from folio.config.device import DeviceConfig, ParallelConfig, resolve_device
 from folio.config.engine import EngineConfig
+from folio.config.lora import LoRAConfig
 from folio.config.model import ModelConfig
 from folio.config.scheduler import SchedulerConfig
 
@@ -10,6 +11,7 @@ __all__ = [
     "CacheConfig",
     "DeviceConfig",
     "EngineConfig",
+    "LoRAConfig",
     "ModelConfig",
     "ParallelConfig",
     "SchedulerConfig",

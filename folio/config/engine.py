@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from folio.config.cache import CacheConfig
 from folio.config.device import DeviceConfig, ParallelConfig
+from folio.config.lora import LoRAConfig
 from folio.config.model import ModelConfig
 from folio.config.scheduler import SchedulerConfig
 
@@ -17,6 +18,7 @@ class EngineConfig:
     scheduler: SchedulerConfig
     device: DeviceConfig
     parallel: ParallelConfig
+    lora: LoRAConfig | None = None  # None: LoRA off (enable_lora=False)
 
     def __post_init__(self) -> None:
         if self.scheduler.max_model_len != self.model.max_model_len:

@@ -4,9 +4,10 @@ The K/V of a token depend on the token and on every token before it (through att
 full block is identified by the hash of its parent block's hash and its own token ids. Two
 requests whose first k blocks hash equal hold equal K/V in those blocks, whatever else differs.
 
-Anything else that changes K/V must enter the chain too. Today that is only a request's
-`cache_salt` (it isolates tenants: two salts never share a block); LoRA adapters or multimodal
-inputs will join it the same way, as extra bytes of the first block.
+Anything else that changes K/V must enter the chain too, as extra bytes of the first block: a
+request's `cache_salt` (it isolates tenants: two salts never share a block) and its LoRA adapter
+(an adapter changes every layer's K/V: the same prompt under two adapters, or under an adapter
+and the base model, never shares a block). Multimodal inputs would join the same way.
 
 SHA-256 (truncated to 128 bits) rather than Python's hash(): a collision would silently serve
 one request another's K/V, and token ids are chosen by users, so the hash must not be one they
@@ -49,10 +50,18 @@ def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> 
             f"{request.num_tokens // block_size}."
         )
     tokens = request.all_token_ids
-    salt = request.cache_salt.encode() if request.cache_salt else b""
+    extra = first_block_extra(request)
     while len(hashes) < num_blocks:
         i = len(hashes)
         parent = hashes[i - 1] if i else None
         block = tokens[i * block_size : (i + 1) * block_size]
-        hashes.append(hash_block(parent, block, salt if i == 0 else b""))
+        hashes.append(hash_block(parent, block, extra if i == 0 else b""))
     return hashes[:num_blocks]
+
+
+def first_block_extra(request: Request) -> bytes:
+    """The salt and the adapter, length-prefixed so that no salt can spell another's adapter."""
+    salt = request.cache_salt.encode() if request.cache_salt else b""
+    if request.lora_request is None:
+        return salt
+    return len(salt).to_bytes(4, "little") + salt + request.lora_request.cache_key()

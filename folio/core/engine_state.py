@@ -29,7 +29,7 @@ DEFAULT_MAX_LISTED = 256
 
 # Why a request is in the waiting queue (docs/dashboard.md says what each means).
 WAIT_REASONS = ("no_blocks", "token_budget", "max_num_seqs", "preempting", "parent", "in_flight",
-                "queued", "arrived")
+                "lora_slot", "queued", "arrived")
 
 # One character per KV block in EngineState["blocks"]["device"] / ["cpu"].
 FREE, CACHED, OWNED, SHARED = "f", "c", "o", "s"  # device blocks
@@ -44,6 +44,7 @@ class RequestView(TypedDict, total=False):
     status: str  # "running", "waiting", "preempted", "swapped" or "parked"
     priority: int
     family: str | None  # the user request of an n > 1 sample or a beam
+    lora: str | None  # the LoRA adapter's name, None for the base model
     prompt_tokens: int
     output_tokens: int
     computed_tokens: int  # tokens whose K/V are (or will be, after the step in flight) cached
@@ -158,6 +159,7 @@ def _view(request: Request, kv: KVCacheManager, now: float, wait_reason: str | N
         "status": _status(request, kv),
         "priority": request.priority,
         "family": request.family_id,
+        "lora": request.lora_request.lora_name if request.lora_request is not None else None,
         "prompt_tokens": request.num_prompt_tokens,
         "output_tokens": request.num_output_tokens,
         "computed_tokens": request.num_computed_tokens,

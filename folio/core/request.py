@@ -16,6 +16,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from folio.lora.request import LoRARequest
 from folio.sampling_params import SamplingParams
 
 
@@ -66,6 +67,8 @@ class Request:
     all_token_ids: list[int] = field(default_factory=list)
     # Mixed into the first block's hash: requests with different salts never share K/V.
     cache_salt: str | None = None
+    # The adapter the request runs with (None: the base model); also part of the cache key.
+    lora_request: LoRARequest | None = None
     # Hashes of the leading full blocks of all_token_ids, filled lazily (core/block_hash.py).
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
     # Fork family: n > 1 samples of one request, or the beams of one search.
@@ -113,6 +116,11 @@ class Request:
             or p.frequency_penalty != 0.0
             or p.presence_penalty != 0.0
         )
+
+    @property
+    def lora_int_id(self) -> int:
+        """The adapter's id, 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def max_tokens(self) -> int | None:

@@ -49,6 +49,7 @@ from folio.core.admission import allocate_admission, plan_admission, why_not_adm
 from folio.core.kv_cache_manager import KVCacheManager
 from folio.core.preemption import newcomer_victim, pop_victim, should_swap
 from folio.core.kv_waste import KVWasteMeter
+from folio.core.lora_slots import LoRASlots
 from folio.core.outputs import EngineCoreOutput, ModelRunnerOutput
 from folio.core.request import Request, RequestStatus
 from folio.core.request_queue import make_request_queue
@@ -66,6 +67,7 @@ class Scheduler:
         *,
         enable_prefix_caching: bool = False,
         num_cpu_blocks: int = 0,
+        max_loras: int | None = None,  # LoRA on: distinct adapters per step (core/lora_slots.py)
     ) -> None:
         max_len = scheduler_config.max_model_len
         if num_blocks * block_size < max_len:
@@ -77,6 +79,7 @@ class Scheduler:
         if scheduler_config.preemption_mode == "swap" and num_cpu_blocks == 0:
             raise ValueError("preemption_mode='swap' needs CPU swap space: set swap_space > 0.")
         self.config = scheduler_config
+        self.max_loras = max_loras
         self.kv_cache_manager = KVCacheManager(
             num_blocks,
             block_size,
@@ -246,9 +249,13 @@ class Scheduler:
         strictly after it (see core/preemption.py); admission then stops after that newcomer,
         since memory is short.
         """
+        slots, held = LoRASlots(self.max_loras, self.running), []
         while self.waiting and step.budget > 0:
             num_preempted = len(step.preempted)
             request = self.waiting.peek()
+            if not slots.fits(request):  # its adapter has no slot this step: try the next
+                held.append(self.waiting.pop())
+                continue
             if len(self.running) >= self.config.max_num_seqs and not self._park_a_paused_beam(request, step):
                 self._note_wait("max_num_seqs")
                 break
@@ -260,8 +267,13 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             step.add(request, num_new, self.kv_cache_manager.get_block_ids(request.request_id))
+            slots.admit(request)
             if len(step.preempted) > num_preempted:
                 break  # the next head waits: "preempting"
+        for request in reversed(held):
+            self.waiting.prepend(request)  # back in their places at the front
+        if held:
+            self.head_wait = (held[0].request_id, "lora_slot")
 
     def _note_wait(self, reason: str) -> None:
         self.head_wait = (self.waiting.peek().request_id, reason)

@@ -14,6 +14,7 @@ from folio.config import (
     CacheConfig,
     DeviceConfig,
     EngineConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -25,6 +26,22 @@ from folio.transformers_utils.model_path import resolve_model_path
 logger = init_logger(__name__)
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# GPUs with this much memory (H100/H200 class) default to LARGE_GPU_MAX_NUM_BATCHED_TOKENS:
+# measured on an H100 80GB (docs/perf-notes.md, "max_num_batched_tokens by device").
+LARGE_GPU_MIN_MEMORY_GIB = 70
+LARGE_GPU_MAX_NUM_BATCHED_TOKENS = 16384
+
+
+def default_max_num_batched_tokens(device: str) -> int:
+    """Tokens per step when the user sets none: more on large GPUs, where longer prefill chunks
+    keep the matrix units busier at no cost to the decode rows sharing the step."""
+    if device == "cuda":
+        import torch
+
+        memory_gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+        if memory_gib >= LARGE_GPU_MIN_MEMORY_GIB:
+            return LARGE_GPU_MAX_NUM_BATCHED_TOKENS
+    return DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 @dataclass
@@ -52,6 +69,12 @@ class EngineArgs:
     attention_backend: str = "auto"
     max_logprobs: int = 20
     async_scheduling: bool = True
+    quantization: str | None = None  # None: the checkpoint's quantization_config, if any
+    # Multi-LoRA (vLLM's names): adapters per step, their largest rank, adapters kept on the CPU.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -81,6 +104,7 @@ class EngineArgs:
             load_format=self.load_format,
             enforce_eager=self.enforce_eager,
             attention_backend=self.attention_backend,
+            quantization=self.quantization,
         )
         cache = CacheConfig(
             block_size=self.block_size,
@@ -92,7 +116,7 @@ class EngineArgs:
         )
         scheduler = SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self._max_num_batched_tokens(model.max_model_len),
+            max_num_batched_tokens=self._max_num_batched_tokens(model.max_model_len, device),
             max_model_len=model.max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
@@ -101,14 +125,16 @@ class EngineArgs:
         )
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}.")
-        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig())
+        lora = LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora else None
+        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig(), lora=lora)
 
-    def _max_num_batched_tokens(self, max_model_len: int) -> int:
+    def _max_num_batched_tokens(self, max_model_len: int, device: str) -> int:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
+        default = default_max_num_batched_tokens(device)
         if not self.enable_chunked_prefill:
-            return max(DEFAULT_MAX_NUM_BATCHED_TOKENS, max_model_len)
-        return max(DEFAULT_MAX_NUM_BATCHED_TOKENS, self.max_num_seqs)
+            return max(default, max_model_len)
+        return max(default, self.max_num_seqs)
 
     # ---- command line -----------------------------------------------------------------------
     @staticmethod
@@ -143,6 +169,17 @@ class EngineArgs:
             default=d.async_scheduling,
             help="plan and launch each step while the previous one runs on the device",
         )
+        g.add_argument(
+            "--quantization",
+            "-q",
+            default=None,
+            help="compressed-tensors, gptq, awq (read from the checkpoint; default: its "
+            "quantization_config), or fp8 / int4-rtn to quantize an unquantized checkpoint on load",
+        )
+        g.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters on top of the model")
+        g.add_argument("--max-loras", type=int, default=d.max_loras, help="distinct adapters in one step (GPU slots)")
+        g.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank, help="largest adapter rank")
+        g.add_argument("--max-cpu-loras", type=int, default=None, help="adapters kept on the CPU (default: --max-loras)")
         return parser
 
     @classmethod

@@ -23,6 +23,7 @@ with EngineDeadError and new ones are refused; /health then answers 503.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -34,6 +35,7 @@ from folio.engine.engine_loop import (
     AbortCommand,
     Accepted,
     AddCommand,
+    LoRACommand,
     Died,
     StateAnswer,
     StopCommand,
@@ -46,6 +48,7 @@ from folio.engine.metrics import EngineMetrics
 from folio.engine.state_history import StateHistory
 from folio.engine.state_reads import StateReads
 from folio.logger import init_logger
+from folio.lora.request import LoRARequest
 from folio.outputs import CompletionOutput, RequestOutput
 from folio.sampling_params import SamplingParams
 
@@ -116,6 +119,11 @@ class AsyncLLM:
     def model_config(self):
         return self.core.model_config
 
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether the engine serves LoRA adapters (started with enable_lora)."""
+        return self.core.initial_stats.max_loras > 0
+
     def default_sampling_params(self) -> SamplingParams:
         return self.core.default_params.clone()
 
@@ -172,7 +180,12 @@ class AsyncLLM:
 
     # ---- requests -------------------------------------------------------------------------
     async def add_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Queue a request; returns its stream once the engine accepted it.
 
@@ -185,7 +198,7 @@ class AsyncLLM:
         self._streams[request_id] = stream
         self._pending[request_id] = future
         self._pending_sequences += params.n
-        self.core.send(AddCommand(request_id, prompt, params, priority))
+        self.core.send(AddCommand(request_id, prompt, params, priority, lora_request))
         try:
             await future
         except BaseException:
@@ -195,11 +208,32 @@ class AsyncLLM:
             raise
         return stream
 
+    async def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load and check an adapter in the engine (ValueError if it cannot serve it)."""
+        await self._lora_command(LoRACommand(f"lora-{uuid.uuid4().hex}", lora_request=lora_request))
+
+    async def remove_lora(self, lora_int_id: int) -> None:
+        """Unload an adapter (ValueError if unknown or still in use)."""
+        await self._lora_command(LoRACommand(f"lora-{uuid.uuid4().hex}", remove_id=lora_int_id))
+
+    async def _lora_command(self, command: LoRACommand) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        future = self._loop.create_future()
+        self._pending[command.command_id] = future
+        self.core.send(command)
+        await future
+
     async def generate(
-        self, prompt: PromptType, params: SamplingParams, request_id: str, priority: int = 0
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """add_request, then the request's outputs; leaving early aborts the request."""
-        stream = await self.add_request(request_id, prompt, params, priority)
+        stream = await self.add_request(request_id, prompt, params, priority, lora_request)
         try:
             async for output in stream:
                 yield output

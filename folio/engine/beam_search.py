@@ -127,6 +127,7 @@ class BeamSearch:
         )
         request.pause_after_sample, request.family_id = True, self.request_id
         request.cache_salt = self.prompt.cache_salt
+        request.lora_request = self.prompt.lora_request
         self._next_id += 1
         return request
 

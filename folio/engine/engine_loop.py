@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from folio.logger import init_logger
+from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
 from folio.sampling_params import SamplingParams, SamplingParamsError
 
@@ -40,6 +41,16 @@ class AddCommand:
     prompt: PromptType
     params: SamplingParams
     priority: int = 0
+    lora_request: LoRARequest | None = None
+
+
+@dataclass(frozen=True)
+class LoRACommand:
+    """Load (lora_request set) or unload (remove_id set) an adapter; answered like an add."""
+
+    command_id: str
+    lora_request: LoRARequest | None = None
+    remove_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -162,9 +173,12 @@ class EngineLoop:
                     self._live.discard(command.request_id)
                     self.engine.abort_request(command.request_id)
                 continue
+            if isinstance(command, LoRACommand):
+                results.append((command.command_id, 0, self._apply_lora(command)))
+                continue
             try:
                 self.engine.add_request(command.request_id, command.prompt, command.params,
-                                        priority=command.priority)
+                                        priority=command.priority, lora_request=command.lora_request)
             except Exception as e:  # an invalid request: its caller gets the error
                 results.append((command.request_id, command.params.n, RequestError.of(e)))
                 continue
@@ -179,6 +193,16 @@ class EngineLoop:
         except Exception as e:  # noqa: BLE001 - reported to the caller
             logger.exception("Building the engine state failed.")
             return StateAnswer(command.ticket, None, f"{type(e).__name__}: {e}")
+
+    def _apply_lora(self, command: LoRACommand) -> RequestError | None:
+        try:
+            if command.lora_request is not None:
+                self.engine.add_lora(command.lora_request)
+            else:  # an adapter pushed out of the CPU cache is not loaded: nothing to remove
+                self.engine.remove_lora(command.remove_id)
+        except Exception as e:  # noqa: BLE001 - a bad adapter is its caller's error
+            return RequestError.of(e)
+        return None
 
     def _take_failed(self) -> dict[str, str]:
         failed = {}

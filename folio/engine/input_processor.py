@@ -13,6 +13,7 @@ from typing import Any
 
 from folio.config import ModelConfig
 from folio.core.request import Request
+from folio.lora.request import LoRARequest
 from folio.sampling_params import SamplingParams, SamplingParamsError
 
 PromptType = str | Mapping[str, Any]
@@ -25,6 +26,8 @@ class ProcessedPrompt:
     # vLLM's `cache_salt` prompt key: mixed into the first block's hash, so requests with
     # different salts never share cached K/V (tenants that must not see each other's prompts).
     cache_salt: str | None = None
+    # The adapter every request made from this prompt runs with (None: the base model).
+    lora_request: LoRARequest | None = None
 
 
 class InputProcessor:
@@ -127,6 +130,7 @@ class InputProcessor:
         self.check_length(len(prompt.token_ids))
         request = Request(request_id, list(prompt.token_ids), params, arrival_time=arrival, priority=priority)
         request.cache_salt = prompt.cache_salt
+        request.lora_request = prompt.lora_request
         return request
 
     def check_length(self, num_prompt_tokens: int) -> None:

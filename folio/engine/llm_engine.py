@@ -23,7 +23,9 @@ device. What that costs and why it is safe:
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections import Counter
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from folio.engine.beam_search import BeamSearchManager, BeamSearchParams
 from folio.engine.input_processor import InputProcessor, PromptType
 from folio.engine.output_processor import OutputProcessor
 from folio.logger import init_logger
+from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
 from folio.sampling_params import SamplingParams
 from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
@@ -88,6 +91,10 @@ class EngineStats:
     kv_waste_fraction: float = 0.0
     kv_waste_fraction_prealloc_max_model_len: float = 0.0
     kv_waste_fraction_prealloc_max_tokens: float = 0.0
+    # LoRA (enable_lora): requests per adapter name, running and waiting; GPU slots.
+    lora_running: tuple[tuple[str, int], ...] = ()
+    lora_waiting: tuple[tuple[str, int], ...] = ()
+    max_loras: int = 0
 
 
 class LLMEngine:
@@ -104,6 +111,7 @@ class LLMEngine:
             config.cache.block_size,
             enable_prefix_caching=config.cache.enable_prefix_caching,
             num_cpu_blocks=self.runner.swap_pool.num_blocks,
+            max_loras=config.lora.max_loras if config.lora is not None else None,
         )
         eos = eos_token_ids(self.tokenizer, config.model.generation_config)
         self.input_processor = InputProcessor(config.model, self.tokenizer, eos, max_logprobs)
@@ -136,8 +144,10 @@ class LLMEngine:
         params: SamplingParams | BeamSearchParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue a request; raises ValueError (nothing queued) if anything about it is invalid.
+        With a LoRARequest it runs with that adapter (loaded and checked now if new).
 
         With BeamSearchParams the request is a beam search: one RequestOutput when it is done,
         its beam_width best sequences as completions, best first (engine/beam_search.py)."""
@@ -145,6 +155,9 @@ class LLMEngine:
             raise ValueError(f"Request id {request_id!r} is already in use.")
         params = params if params is not None else self.default_sampling_params()
         processed = self.input_processor.process_prompt(prompt)
+        if lora_request is not None:
+            self.add_lora(lora_request)
+            processed = dataclasses.replace(processed, lora_request=lora_request)
         if isinstance(params, BeamSearchParams):
             self.input_processor.check_beam_search(params, len(processed.token_ids))
             self.beam_search.add(request_id, processed, params, arrival_time, priority)
@@ -229,6 +242,28 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.output_processor.requests) + len(self.beam_search.searches)
 
+    # ---- LoRA adapters (vLLM's names) ---------------------------------------------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load and check an adapter (ValueError if unusable); True once it is available."""
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}.")
+        if self.runner.lora is None:
+            raise ValueError("LoRA adapters need an engine started with enable_lora=True.")
+        self.runner.lora.add_adapter(lora_request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forget an adapter; requests using it must have finished (ValueError otherwise)."""
+        if self.runner.lora is None:
+            return False
+        if any(r.lora_int_id == lora_id for r in self.scheduler.requests.values()):
+            raise ValueError(f"Adapter id {lora_id} is in use by unfinished requests.")
+        # A step still in flight reads the slot before the zeroing queued behind it.
+        return self.runner.lora.remove_adapter(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return {r.lora_int_id for r in self.runner.lora.list_adapters()} if self.runner.lora else set()
+
     # ---- information ------------------------------------------------------------------------
     def get_tokenizer(self) -> Any:
         return self.tokenizer
@@ -259,6 +294,7 @@ class LLMEngine:
             kv_cache_usage=s.kv_usage,
             num_preemptions=s.num_preemptions,
             **_memory_stats(s),
+            **_lora_stats(s),
         )
 
 
@@ -284,6 +320,18 @@ def _memory_stats(s: Scheduler) -> dict[str, Any]:
         kv_waste_fraction_prealloc_max_model_len=waste.prealloc_max_model_len_waste_fraction,
         kv_waste_fraction_prealloc_max_tokens=waste.prealloc_max_tokens_waste_fraction,
     )
+
+
+def _lora_stats(s: Scheduler) -> dict[str, Any]:
+    """Requests per adapter name, running and waiting (only when LoRA is on)."""
+    if s.max_loras is None:
+        return {}
+
+    def count(requests: Iterable[Any]) -> tuple[tuple[str, int], ...]:
+        names = Counter(r.lora_request.lora_name for r in requests if r.lora_request is not None)
+        return tuple(sorted(names.items()))
+
+    return dict(lora_running=count(s.running), lora_waiting=count(s.waiting), max_loras=s.max_loras)
 
 
 def _load_tokenizer(config: EngineConfig) -> Any:

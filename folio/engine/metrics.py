@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from folio.engine.llm_engine import EngineStats
+from folio.engine.lora_metrics import LoRAMetrics
 from folio.outputs import RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -81,6 +82,7 @@ class EngineMetrics:
             "num_swapped_in_blocks": self.swapped_in,
         }
         self._seen: dict[str, int] = dict.fromkeys(self._mirrored, 0)
+        self.lora = LoRAMetrics(self.registry, self._labels)
         self.num_steps = 0  # plain copies of the step series, for in-process measurements
         self.busy_seconds = 0.0
 
@@ -100,6 +102,7 @@ class EngineMetrics:
             if value > self._seen[field]:
                 series.inc(value - self._seen[field])
                 self._seen[field] = value
+        self.lora.record(stats)
 
     def record_step(self, outputs: list[RequestOutput], seconds: float) -> None:
         self.steps.inc()

@@ -13,6 +13,7 @@ from folio.engine.arg_utils import EngineArgs
 from folio.engine.beam_search import BeamSearchOutput, BeamSearchParams, to_beam_search_output
 from folio.engine.input_processor import PromptType
 from folio.engine.llm_engine import LLMEngine
+from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
 from folio.sampling_params import RequestOutputKind, SamplingParams
 from folio.transformers_utils.chat_template import render_chat, resolve_chat_template
@@ -76,13 +77,16 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: list[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in input order."""
+        """One RequestOutput per prompt, in input order. lora_request: one adapter for every
+        prompt, or a list with one entry (or None: the base model) per prompt."""
         prompt_list = _as_prompt_list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompt_list)} prompts.")
-        request_ids = self._add_requests(prompt_list, params_list, priority)
+        loras = _lora_per_prompt(lora_request, len(prompt_list))
+        request_ids = self._add_requests(prompt_list, params_list, priority, loras)
         return self._run_engine(request_ids, use_tqdm)
 
     def beam_search(
@@ -90,6 +94,7 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         params: BeamSearchParams,
         use_tqdm: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[BeamSearchOutput]:
         """Beam search over each prompt (vLLM's signature): beam_width sequences per prompt,
         best first, each with the prompt's tokens included. The beams share K/V blocks by
@@ -97,7 +102,8 @@ class LLM:
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}.")
         prompt_list = _as_prompt_list(prompts)
-        request_ids = self._add_requests(prompt_list, [params] * len(prompt_list), None)
+        loras = _lora_per_prompt(lora_request, len(prompt_list))
+        request_ids = self._add_requests(prompt_list, [params] * len(prompt_list), None, loras)
         return [to_beam_search_output(o) for o in self._run_engine(request_ids, use_tqdm)]
 
     def chat(
@@ -110,6 +116,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation with the checkpoint's chat template, then generate."""
         conversations = _as_conversation_list(messages)
@@ -129,7 +136,7 @@ class LLM:
             )
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     # ---- internals --------------------------------------------------------------------------
     def _params_per_prompt(
@@ -159,13 +166,15 @@ class LLM:
         prompts: list[PromptType],
         params: Sequence[SamplingParams | BeamSearchParams],
         priority: list[int] | None,
+        loras: list[LoRARequest | None] | None = None,
     ) -> list[str]:
         """Add all or none: if any prompt is invalid, the ones already added are withdrawn."""
         added: list[str] = []
         try:
             for i, (prompt, p) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._request_counter))
-                self.llm_engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0)
+                self.llm_engine.add_request(request_id, prompt, p, priority=priority[i] if priority else 0,
+                                            lora_request=loras[i] if loras else None)
                 added.append(request_id)
         except BaseException:
             self.llm_engine.abort_request(added)
@@ -196,6 +205,20 @@ class LLM:
         finally:
             bar.close()
         return [finished[r] for r in request_ids]
+
+
+def _lora_per_prompt(lora_request: Any, num_prompts: int) -> list[LoRARequest | None] | None:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return None if lora_request is None else [lora_request] * num_prompts
+    if not isinstance(lora_request, Sequence):
+        raise ValueError(f"lora_request must be a LoRARequest or a list of them, got {type(lora_request).__name__}.")
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise ValueError(f"lora_request has {len(loras)} entries for {num_prompts} prompts: pass one, or one per prompt.")
+    for lora in loras:
+        if lora is not None and not isinstance(lora, LoRARequest):
+            raise ValueError(f"lora_request entries must be LoRARequest or None, got {type(lora).__name__}.")
+    return loras
 
 
 def _as_prompt_list(prompts: Any) -> list[PromptType]:

@@ -26,6 +26,7 @@ from folio.attention.backends.torch_ref import paged_attention_reference
 from folio.kernels import activation, rms_norm, rotary
 from folio.kernels.paged_attention import TileConfig, unified_attention
 from folio.kernels.paged_decode import choose_num_splits, paged_decode
+from folio.kernels.prefill_attention import prefill_attention
 from folio.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_reference
 
 HEADS, KV_HEADS, DIM, BLOCK, HIDDEN, INTER = 16, 8, 128, 16, 1024, 3072  # Qwen3-0.6B
@@ -173,6 +174,92 @@ def unified_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
     return rows
 
 
+PREFILL_SWEEP = [TileConfig(m, n, w, s) for m, n, w, s in (
+    (128, 64, 8, 2), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 8, 3), (256, 64, 8, 2),
+    (128, 128, 8, 3), (64, 128, 4, 2))]
+
+
+def _short(config: TileConfig | None) -> str:
+    if config is None:
+        return ""
+    return f"m{config.block_m} n{config.tile_n} w{config.num_warps} s{config.num_stages}"
+
+
+def prefill_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
+    """The prefill kernel against the unified kernel on long chunks (the chunks of an 8k and a
+    32k prompt at 8,192 tokens per step) and on W1's mixed step. The longest cases are checked
+    against the unified kernel (tested against the reference) to spare the reference's memory."""
+    rows = []
+    if tiny:
+        shapes = [("chunk 40 on ctx 30", [40], [70])]
+    else:
+        decodes = torch.randint(100, 2048, (200,), generator=gen).tolist()
+        shapes = [
+            ("prefill 8x1024", [1024] * 8, [1024] * 8),
+            ("chunk 8192 on ctx 0", [8192], [8192]),
+            ("chunk 8192 on ctx 8192", [8192], [16384]),
+            ("chunk 8192 on ctx 24576", [8192], [32768]),
+            ("chunk 2048 on ctx 2048 + 200 decodes", [2048] + [1] * 200, [4096] + decodes),
+        ]
+    for name, q_lens, seq_lens in shapes:
+        batch = _paged(seq_lens, q_lens, device, dtype, gen)
+        md = batch.metadata
+        nbytes, flops = _attention_cost(batch, batch.query.element_size())
+        common = (batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs)
+        if max(seq_lens) > 16384:
+            expected = unified_attention(*common, md.max_query_len, DIM**-0.5)
+        else:
+            expected = paged_attention_reference(batch.query, batch.kv_cache, md, DIM**-0.5)
+        variants = [("unified default", None)] + [("prefill default", None)]
+        if sweep:
+            variants += [("prefill", c) for c in PREFILL_SWEEP]
+        for label, config in variants:
+            out = torch.full_like(batch.query, float("nan"))
+
+            def run(label=label, config=config, out=out):
+                if label.startswith("unified"):
+                    return unified_attention(*common, md.max_query_len, DIM**-0.5, out=out)
+                return prefill_attention(*common, DIM**-0.5, out=out, config=config)
+
+            def check(run=run, out=out):
+                run()
+                return (out.float() - expected.float()).abs().max()
+
+            rows.append(_row(f"{name}: {label} {_short(config)}", run, check, nbytes, flops, device, ceilings))
+        del batch, expected
+    return rows
+
+
+def sampling_cases(device, ceilings, tiny) -> list[Row]:
+    """One decode step's draw at temperature 0.6 (W1 at nano-vllm's setting): the torch race
+    (softmax, exponential noise, divide, argmax) against the fused Gumbel-max kernel. Floor: the
+    float32 logits read once. The check is the fraction of rows where the two pick the same token
+    under temperature 1e-4 (both must be the argmax), reported as 1 - that."""
+    from folio.sample import Sampler, SamplingMetadata
+    from folio.sample.metadata import SamplingRow
+    from folio.sampling_params import SamplingParams
+
+    rows = []
+    vocab = 1000 if tiny else 151936
+    for batch in ([3] if tiny else [1, 64, 256]):
+        logits = torch.randn(batch, vocab, device=device) * 3
+        for temperature in (0.6, 1e-4):
+            params = SamplingParams(temperature=temperature, max_tokens=4)
+            meta = SamplingMetadata.build([SamplingRow(params, [1], [], None, 0)] * batch, vocab, device)
+            for fused in (False, True):
+                sampler = Sampler(0, device, fused=fused)
+
+                def run(sampler=sampler, meta=meta):
+                    return sampler(logits, meta).sampled_token_ids
+
+                def check(run=run):
+                    return (run() != logits.argmax(dim=1)).float().mean() if temperature < 0.01 else 0.0
+
+                name = f"sample T={temperature} rows={batch} {'fused' if fused else 'torch'}"
+                rows.append(_row(name, run, check, logits.numel() * 4, 0, device, ceilings))
+    return rows
+
+
 def elementwise_cases(device, dtype, ceilings, tiny) -> list[Row]:
     rows = []
     for tokens in ([5] if tiny else [256, 8192]):
@@ -224,6 +311,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU interpreter smoke run)")
     parser.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
+    parser.add_argument("--only", choices=["prefill", "sampling"], help="run only these cases (and the ceilings)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
@@ -231,9 +319,15 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(0)
     ceilings = measure_ceilings(device)
-    rows = elementwise_cases(device, dtype, ceilings, args.tiny)
-    rows += decode_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
-    rows += unified_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
+    rows = []
+    if args.only is None:
+        rows += elementwise_cases(device, dtype, ceilings, args.tiny)
+        rows += decode_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
+        rows += unified_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
+    if args.only in (None, "sampling"):
+        rows += sampling_cases(device, ceilings, args.tiny)
+    if args.only in (None, "prefill") and dtype != torch.float32:
+        rows += prefill_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
     rows = [r for r in rows if r is not None]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernel_bench.json"), "w") as f:

@@ -58,13 +58,26 @@ def _compile_instead_of_launch(arch: int, results: list):
 
 
 def _allow_cpu_stand_ins() -> None:
-    from folio.kernels import activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary
+    from folio.kernels import (
+        activation,
+        gumbel_sample,
+        lora_expand,
+        lora_shrink,
+        paged_attention,
+        paged_decode,
+        prefill_attention,
+        reshape_and_cache,
+        rms_norm,
+        rotary,
+    )
 
-    for module in (activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary):
+    modules = (activation, gumbel_sample, paged_attention, paged_decode, prefill_attention, reshape_and_cache,
+               rms_norm, rotary, lora_shrink, lora_expand)
+    for module in modules:
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
 
 
-def _launch_all(dtype: torch.dtype) -> list[str]:
+def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
     """Call each launcher once per case of interest; returns the case labels in launch order."""
     from folio.kernels.activation import silu_and_mul_triton
     from folio.kernels.paged_attention import unified_attention
@@ -100,6 +113,36 @@ def _launch_all(dtype: torch.dtype) -> list[str]:
     cases.append("16 q + 8 k heads")
     silu_and_mul_triton(torch.zeros(t, 2 * 3072, dtype=dtype))
     cases.append("inter 3072")
+    from folio.kernels.gumbel_sample import gumbel_sample
+
+    gumbel_sample(torch.zeros(256, 151936), torch.zeros(256, dtype=torch.int64), torch.ones(256), num_sms=132)
+    cases.append("256 x 151936, temperature")
+    if dtype != torch.float32:
+        from folio.kernels.benchmark import PREFILL_SWEEP, _short
+        from folio.kernels.prefill_attention import prefill_attention
+
+        for config in [None, *(PREFILL_SWEEP if sweep else [])]:
+            prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1, config=config)
+            cases.append(f"prefill {_short(config) or 'default'}")
+    return cases + _launch_lora(dtype)
+
+
+def _launch_lora(dtype: torch.dtype) -> list[str]:
+    """LoRA shrink / expand at Llama-3.1-8B's QKV shapes, rank 16, 8 slots: decode and prefill."""
+    from folio.kernels.lora_expand import lora_expand_triton
+    from folio.kernels.lora_shrink import LoRABlocks, lora_shrink_triton, num_blocks
+
+    slots, rank, hidden, shards = 8, 16, 4096, [4096, 1024, 1024]
+    cases = []
+    for t in (256, 2048):
+        i32 = lambda n: torch.zeros(n, dtype=torch.int32)  # noqa: E731
+        blocks = LoRABlocks(*(i32(num_blocks(t, slots)) for _ in range(3)))
+        a = torch.zeros(slots, 3 * rank, hidden, dtype=dtype)
+        lora_shrink_triton(torch.zeros(t, hidden, dtype=dtype), a, i32(t), blocks)
+        b = torch.zeros(slots, sum(shards), rank, dtype=dtype)
+        lora_expand_triton(torch.zeros(t, sum(shards), dtype=dtype), torch.zeros(t, 3 * rank), b, i32(4),
+                           i32(t), blocks, shards)
+        cases += [f"lora shrink {t} tokens", f"lora expand {t} tokens"]
     return cases
 
 
@@ -133,12 +176,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--sweep", action="store_true", help="also the prefill kernel's swept tile configs")
     parser.add_argument("--dump", default=None, help="write PTX, SASS and TTGIR of every kernel here")
     args = parser.parse_args()
     results: list = []
     _compile_instead_of_launch(args.arch, results)
     _allow_cpu_stand_ins()
-    cases = _launch_all(getattr(torch, args.dtype))
+    cases = _launch_all(getattr(torch, args.dtype), args.sweep)
     reports = [_inspect(name, case, k, args.dump) for (name, k), case in zip(results, cases)]
     print(f"sm_{args.arch}, {args.dtype}")
     print(f"{'kernel':<28} {'case':<26} {'regs':>5} {'stack':>6} {'smem':>7} {'ld128':>6} {'ld<128':>7} {'mma':>6}")

@@ -13,6 +13,8 @@ the host, not the GPU, sets the pace. A graph replays them all with one launch.
 - Each bucket is run once eagerly before its capture, so Triton compiles (and cuBLAS picks its
   kernels) outside the capture. Graphs share one memory pool, captured largest first.
 - Only the forward pass is captured; the LM head and sampling run eagerly after it.
+- LoRA: the layers read the manager's persistent token -> slot buffers, and are captured with
+  their kernels launched (a step without adapters just finds every slot's group empty).
 - Off with enforce_eager, and whenever the attention backend is not Triton (the torch reference
   loops over host lists, which a graph would freeze).
 """
@@ -27,6 +29,7 @@ from tqdm import tqdm
 
 from folio.core.scheduler_output import SchedulerOutput
 from folio.logger import init_logger
+from folio.lora.manager import LoRAManager
 from folio.models.base import CausalLM
 from folio.worker.step_inputs import StepInputBuilder
 
@@ -47,8 +50,11 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class CudaGraphRunner:
-    def __init__(self, model: CausalLM, builder: StepInputBuilder, batch_sizes: list[int]) -> None:
+    def __init__(
+        self, model: CausalLM, builder: StepInputBuilder, batch_sizes: list[int], lora: LoRAManager | None = None
+    ) -> None:
         self.model = model
+        self.lora = lora  # LoRA layers read its mapping buffers; captured with the kernels on
         self.builder = builder
         self.batch_sizes = sorted(batch_sizes)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -70,6 +76,8 @@ class CudaGraphRunner:
         sizes = sorted(self.batch_sizes, reverse=True)  # the largest first: the rest reuse its pool
         for size in tqdm(sizes, desc="Capturing CUDA graphs", dynamic_ncols=True):
             inputs = self.builder.build(SchedulerOutput([], 0), {}, pad_to=size)
+            if self.lora is not None:
+                self.lora.prepare_capture(size)
             args = (inputs.input_ids, inputs.positions, inputs.attn_metadata)
             self.model(*args)  # compile and autotune outside the capture
             torch.cuda.synchronize()

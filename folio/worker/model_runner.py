@@ -17,6 +17,7 @@ from folio.config import EngineConfig
 from folio.core.outputs import ModelRunnerOutput
 from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from folio.logger import init_logger
+from folio.lora.manager import LoRAManager
 from folio.models.loader import load_model
 from folio.sample.metadata import SamplingMetadata, SamplingRow
 from folio.sample.sampler import Sampler, gather_logprobs, make_request_generator
@@ -41,6 +42,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.attn_backend = get_attention_backend(config.model.attention_backend, self.device.type)
         self.model = load_model(config.model, self.device, self.attn_backend)
+        self.lora = self._wrap_lora(config)  # None unless enable_lora
         self.vocab_size = config.model.vocab_size
         self.sampler = Sampler(config.model.seed, self.device)
         self.kv_spec = kvc.KVCacheSpec(
@@ -63,6 +65,14 @@ class ModelRunner:
         self.prompt_logprobs_done: dict[str, int] = {}
         self.last_sampled = DeviceSampledIds(self.device)
 
+    def _wrap_lora(self, config: EngineConfig) -> LoRAManager | None:
+        """Multi-LoRA: wrap the loaded model's linear layers around GPU adapter slots."""
+        if config.lora is None:
+            return None
+        manager = LoRAManager(config.lora, config.scheduler.max_num_batched_tokens, self.device, self.dtype)
+        manager.wrap(self.model)
+        return manager
+
     # ---- KV cache ---------------------------------------------------------------------------
     def determine_num_blocks(self) -> int:
         override = self.config.cache.num_gpu_blocks_override
@@ -84,7 +94,7 @@ class ModelRunner:
         self.model.bind_kv_caches(list(self.kv_cache.unbind(0)))
         if self.uses_cuda_graphs():
             self.graphs = CudaGraphRunner(
-                self.model, self.inputs, graph_batch_sizes(self.config.scheduler.max_num_seqs)
+                self.model, self.inputs, graph_batch_sizes(self.config.scheduler.max_num_seqs), self.lora
             )
             self.graphs.capture()
 
@@ -163,6 +173,8 @@ class ModelRunner:
             return pending
         bucket = self._graph_bucket(scheduler_output)
         inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket)
+        if self.lora is not None:
+            self.lora.prepare_step(scheduled, inputs.input_ids.shape[0])
         if inputs.placeholder_rows:
             request_ids = [scheduled[i].request_id for i in inputs.placeholder_batch_indices]
             self.last_sampled.fill(inputs.input_ids, inputs.placeholder_rows, request_ids)

@@ -163,3 +163,20 @@ def test_finished_requests_leave_the_state():
     sched.finish_requests("a", RequestStatus.FINISHED_ABORTED)
     state = _state(sched)
     assert state["queues"]["running"] == [] and state["kv"]["num_used_blocks"] == 0
+
+
+def test_a_request_whose_adapter_has_no_slot_waits_for_one():
+    from folio.config.scheduler import SchedulerConfig
+    from folio.core.scheduler import Scheduler
+    from folio.lora.request import LoRARequest
+
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64)
+    sched = Scheduler(config, 64, BS, max_loras=1)
+    for i, lora_id in enumerate([1, 2, 2]):
+        request = make_request(f"r{i}", 5)
+        request.lora_request = LoRARequest(f"adapter{lora_id}", lora_id, f"/adapters/{lora_id}")
+        sched.add_request(request)
+    _step(sched, FakeModel(BS))
+    state = _state(sched)
+    assert _reasons(state) == {"r1": "lora_slot", "r2": "queued"}
+    assert [r["lora"] for r in state["queues"]["running"]] == ["adapter1"]

@@ -28,9 +28,13 @@ def test_every_kernel_compiles_for_sm90_without_spills():
     assert kernels == {
         "_reshape_and_cache_kernel", "_unified_attention_kernel", "_paged_decode_kernel",
         "_merge_splits_kernel", "_rms_norm_kernel", "_rotary_kernel", "_silu_and_mul_kernel",
+        "_lora_shrink_kernel", "_lora_expand_kernel",
+        "_prefill_attention_kernel", "_gumbel_sample_kernel",
     }
     for row in rows:
         regs, stack = int(row[-6]), int(row[-5])
         assert regs > 0 and stack == 0, f"{row[0]} spills or failed to assemble: {' '.join(row)}"
     prefill = [row for row in rows if row[0] == "_unified_attention_kernel" and "max_query_len=512" in " ".join(row)]
     assert prefill and prefill[0][-1] == "HGMMA", "prefill tiles should use Hopper's wgmma"
+    prefill_kernel = [row for row in rows if row[0] == "_prefill_attention_kernel"]
+    assert prefill_kernel and prefill_kernel[0][-1] == "HGMMA"

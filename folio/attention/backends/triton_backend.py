@@ -1,8 +1,13 @@
 """TritonAttentionBackend: the GPU path, built on folio/kernels.
 
 - write_kv: reshape_and_cache (one program per token slot).
-- forward: decode-only batches go to the split-KV decode kernel, everything else (prefill
-  chunks, mixed batches) to the unified kernel.
+- forward: decode-only batches go to the split-KV decode kernel. bf16/fp16 batches with some
+  query longer than the 16-row tiles (head_dim <= 128) go to the prefill kernel
+  (prefill_attention.py): with its default 128-row tiles when long chunks lead (max_query_len >=
+  PREFILL_MIN_QUERY_LEN, at most PREFILL_MAX_SEQS sequences), with MIXED_PREFILL_CONFIG's 64-row
+  tiles when the batch is one chunk among many decodes (W1's mixed steps). Everything else
+  (short queries, float32 models) goes to the unified kernel. FOLIO_PREFILL_ATTENTION=0 (or
+  prefill_kernel=False) keeps the unified kernel for all of it.
 
 forward never synchronises with the device: launch shapes come from host ints in the metadata
 (num_seqs, max_query_len, is_decode_only) and tensor shapes. For CUDA graphs of decode steps the
@@ -16,26 +21,45 @@ can drive this very class on the CPU; get_attention_backend hands it out only fo
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 from folio.attention.backends.base import AttentionBackend
 from folio.attention.metadata import AttentionMetadata
 from folio.kernels.paged_attention import unified_attention
+from folio.kernels.paged_attention import TileConfig
 from folio.kernels.paged_decode import choose_num_splits, paged_decode
+from folio.kernels.prefill_attention import default_prefill_config, prefill_attention
+from folio.kernels.triton_compat import next_power_of_2
 from folio.kernels.reshape_and_cache import reshape_and_cache
 
 H100_SMS = 132  # stands in for the SM count on the CPU (interpreter), where there is none
+# Which tiles the prefill kernel takes (docs/perf-notes.md, "Prefill attention kernel", measured
+# on an H100): 128-row tiles run long chunks at 1.4-1.5x the unified kernel; in a mixed step
+# (one chunk + ~200 decodes, whose rows fill 2 of a tile's rows) 64-row tiles, 3 stages, run
+# 15% faster than the unified kernel, and 128-row tiles 8% slower.
+PREFILL_MIN_QUERY_LEN = 256
+PREFILL_MAX_SEQS = 8
+MIXED_PREFILL_CONFIG = TileConfig(block_m=64, tile_n=64, num_warps=4, num_stages=3)
+_PREFILL_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
-    def __init__(self, split_kv: bool = True, num_splits: int | None = None) -> None:
+    def __init__(
+        self, split_kv: bool = True, num_splits: int | None = None, prefill_kernel: bool | None = None
+    ) -> None:
         """split_kv=False turns the split-KV decode path off (one program per sequence and KV
-        head); num_splits fixes the split count instead of choose_num_splits (tests, tuning)."""
+        head); num_splits fixes the split count instead of choose_num_splits (tests, tuning);
+        prefill_kernel=False sends prefill batches to the unified kernel (None: the
+        FOLIO_PREFILL_ATTENTION environment variable, on unless it is "0")."""
         self.split_kv = split_kv
         self.num_splits = num_splits
+        if prefill_kernel is None:
+            prefill_kernel = os.environ.get("FOLIO_PREFILL_ATTENTION", "1") != "0"
+        self.prefill_kernel = prefill_kernel
 
     def write_kv(
         self,
@@ -59,7 +83,25 @@ class TritonAttentionBackend(AttentionBackend):
         if metadata.is_decode_only:
             splits = self.decode_splits(metadata.num_seqs, kv_cache.shape[3], query.device)
             return paged_decode(*args, scale, sliding_window, num_splits=splits, out=out)
+        group = query.shape[1] // kv_cache.shape[3]
+        config = self.prefill_config(query.dtype, query.shape[2], group, metadata)
+        if config is not None:
+            return prefill_attention(*args, scale, sliding_window, out=out, config=config)
         return unified_attention(*args, metadata.max_query_len, scale, sliding_window, out=out)
+
+    def prefill_config(
+        self, dtype: torch.dtype, head_dim: int, group: int, metadata: AttentionMetadata
+    ) -> TileConfig | None:
+        """The prefill kernel's tiles for this batch, or None for the unified kernel. Host ints
+        only: the same batch shape always takes the same kernel."""
+        if not self.prefill_kernel or dtype not in _PREFILL_DTYPES or head_dim > 128:
+            return None
+        if metadata.max_query_len * group <= 16:  # short queries: the unified kernel's 16-row tiles
+            return None
+        if metadata.max_query_len >= PREFILL_MIN_QUERY_LEN and metadata.num_seqs <= PREFILL_MAX_SEQS:
+            return default_prefill_config(group, max(16, next_power_of_2(head_dim)))
+        return TileConfig(max(MIXED_PREFILL_CONFIG.block_m, next_power_of_2(group)), MIXED_PREFILL_CONFIG.tile_n,
+                          MIXED_PREFILL_CONFIG.num_warps, MIXED_PREFILL_CONFIG.num_stages)
 
     def decode_splits(self, num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
         if not self.split_kv:

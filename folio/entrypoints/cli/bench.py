@@ -1,5 +1,6 @@
-"""`folio bench throughput` (offline, against transformers and the physical floor) and
-`folio bench serve` (a request stream against any OpenAI-compatible server).
+"""`folio bench throughput` (offline, against transformers, vLLM and the physical floor),
+`folio bench latency` (time to first token, decode per token) and `folio bench serve` (a request
+stream against any OpenAI-compatible server).
 
 docs/benchmarks.md says what each number means and gives the commands of the reference runs.
 """
@@ -18,6 +19,9 @@ from folio.benchmarks.workloads import WORKLOADS, Workload
 if TYPE_CHECKING:
     from folio.benchmarks.hardware import DeviceLimits
     from folio.benchmarks.report import ThroughputReport
+    from folio.benchmarks.result import RunResult
+    from folio.benchmarks.vllm_peer import TimedCall, VllmJob
+    from folio.config import EngineConfig
     from folio.engine.arg_utils import EngineArgs
 
 
@@ -26,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.set_defaults(run=lambda args: _usage(bench))
     kinds = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     _register_throughput(kinds)
+    _register_latency(kinds)
     _register_serve(kinds)
 
 
@@ -53,8 +58,11 @@ def _register_throughput(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("throughput", help="offline throughput, with peers and the physical floor")
     _add_workload_args(p)
     g = p.add_argument_group("comparison")
-    g.add_argument("--peer", action="append", default=[], choices=["transformers"],
-                   help="also run this system on the same requests, in the same run")
+    g.add_argument("--peer", action="append", default=[], choices=["transformers", "vllm"],
+                   help="also run this system on the same requests, in the same run (vllm: in a child "
+                        "process, from $FOLIO_VLLM_SITE or /tmp/vsite)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (0: greedy), for folio and the vllm peer")
     g.add_argument("--peer-modes", default="cb,generate",
                    help="transformers modes, comma-separated: cb (continuous batching), generate (static)")
     g.add_argument("--peer-num-requests", type=int, default=None,
@@ -82,8 +90,17 @@ def run_throughput(args: argparse.Namespace) -> int:
     _say(f"workload: {workload.describe()}")
     peer_workload = workload.head(args.peer_num_requests) if args.peer else None
     limits = None if args.no_floor else _measure(config.device.device)
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}.")
+    if args.temperature > 0 and "transformers" in args.peer:
+        raise ValueError("--temperature applies to folio and the vllm peer; the transformers peer is greedy only.")
+    # vLLM first, in a child process that exits before folio starts: each engine finds the
+    # device empty (vLLM refuses to start when less than its memory share is free).
+    vllm_result = None
+    if "vllm" in args.peer:
+        vllm_result = _run_vllm_throughput(peer_workload or workload, engine_args, args, config)
     folio = run_folio(engine_args, workload, subset=peer_workload, detokenize=not args.disable_detokenize,
-                      warmup=not args.no_warmup, progress=not args.no_progress)
+                      warmup=not args.no_warmup, progress=not args.no_progress, temperature=args.temperature)
     report = ThroughputReport(
         model=folio.model_path, dtype=folio.dtype, device=folio.device, load_format=engine_args.load_format,
         workload=workload, folio=folio.result, limits=limits, engine_stats=folio.engine_stats,
@@ -91,8 +108,10 @@ def run_throughput(args: argparse.Namespace) -> int:
     )
     if folio.subset_result is not None:
         report.folio_subset = dataclasses.replace(folio.subset_result, system="folio (peer subset)")
-    if args.peer:
+    if "transformers" in args.peer:
         _run_peers(report, engine_args, args, peer_modes)
+    if vllm_result is not None:
+        report.peers.append(vllm_result)
     if not args.no_floor:
         _add_floor(report)
     print(report.format_text())
@@ -147,6 +166,101 @@ def _run_peers(report: ThroughputReport, engine_args: EngineArgs, args: argparse
     _say(f"transformers on {peer_workload.describe()}")
     report.peers = run_transformers(spec, peer_workload, modes=modes,
                                     batch_size=args.peer_batch_size, progress=not args.no_progress)
+
+
+def _vllm_job(engine_args: EngineArgs, model: str, dtype: str, calls: list[TimedCall]) -> VllmJob:
+    from folio.benchmarks.vllm_peer import VllmJob
+
+    return VllmJob(model=model, dtype=dtype, dummy_weights=engine_args.load_format == "dummy",
+                   max_model_len=engine_args.max_model_len, seed=engine_args.seed, calls=calls)
+
+
+def _run_vllm_throughput(
+    workload: Workload, engine_args: EngineArgs, args: argparse.Namespace, config: EngineConfig
+) -> RunResult:
+    """vLLM on the peers' requests in the same order, after the twin of folio's untimed warm-up."""
+    from folio.benchmarks.result import RunResult
+    from folio.benchmarks.throughput import warmup_workload
+    from folio.benchmarks.vllm_peer import TimedCall, run_vllm, vllm_version
+
+    version = vllm_version()
+    if version is None:
+        return RunResult.failed("vllm", workload.name, workload.num_requests, "vllm does not import")
+    system = f"vllm {version}"
+    calls = [
+        TimedCall(name, [r.prompt_token_ids for r in w.requests], [r.output_len for r in w.requests],
+                  args.temperature, repeat=1, warmup=False)
+        for name, w in (("warmup", warmup_workload(config.model.vocab_size)), ("run", workload))
+    ]
+    _say(f"{system} on {workload.describe()}")
+    try:
+        result = run_vllm(_vllm_job(engine_args, config.model.model, config.model.dtype, calls))[-1]
+    except Exception as e:  # noqa: BLE001 - a peer failure is reported, not raised
+        return RunResult.failed(system, workload.name, workload.num_requests, f"{type(e).__name__}: {e}")
+    return RunResult.measured(system, workload, result.produced, result.elapsed_s[0])
+
+
+# ---- latency -------------------------------------------------------------------------------
+def _register_latency(kinds: argparse._SubParsersAction) -> None:
+    from folio.engine.arg_utils import EngineArgs
+
+    p = kinds.add_parser("latency", help="time to first token of long prompts; decode ms/token at batch 1 and 64")
+    g = p.add_argument_group("latency")
+    g.add_argument("--prompt-lens", default="8192,30000", help="time to first token of one prompt of each length")
+    g.add_argument("--batch-sizes", default="1,64", help="decode speed at each batch size")
+    g.add_argument("--decode-prompt-len", type=int, default=128, help="prompt length of the decode batches")
+    g.add_argument("--decode-steps", type=int, default=512, help="decode calls use max_tokens 1 + this")
+    g.add_argument("--repeat", type=int, default=3, help="timed calls per figure (the median is reported)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--peer", action="append", default=[], choices=["vllm"], help="the same calls through vLLM")
+    g.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the results here")
+    EngineArgs.add_cli_args(p)
+    p.set_defaults(run=run_latency)
+
+
+def run_latency(args: argparse.Namespace) -> int:
+    from folio import LLM
+    from folio.benchmarks.latency import LatencySpec, format_rows, run_calls, summarise
+    from folio.benchmarks.throughput import release_device_memory
+    from folio.benchmarks.vllm_peer import run_vllm, vllm_version
+    from folio.engine.arg_utils import EngineArgs
+
+    spec = LatencySpec(prompt_lens=_ints(args.prompt_lens, "--prompt-lens"),
+                       batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
+                       decode_prompt_len=args.decode_prompt_len, decode_steps=args.decode_steps,
+                       repeat=args.repeat, temperature=args.temperature)
+    engine_args = EngineArgs.from_cli_args(args)
+    if engine_args.max_model_len is None or engine_args.max_model_len < spec.max_model_len:
+        engine_args = dataclasses.replace(engine_args, max_model_len=spec.max_model_len)
+    config = engine_args.create_engine_config()  # resolves model, dtype and device, loads nothing
+    model, dtype = config.model.model, config.model.dtype
+    spec = dataclasses.replace(spec, vocab_limit=min(spec.vocab_limit, config.model.vocab_size))
+    calls = spec.calls()
+    peers = {}
+    if "vllm" in args.peer:  # first, in a child that exits before folio starts (see run_throughput)
+        version = vllm_version()
+        if version is None:
+            _say("vllm does not import: no peer column")
+        else:
+            peers[f"vllm {version}"] = summarise(spec, run_vllm(_vllm_job(engine_args, model, dtype, calls)))
+    llm = LLM(**vars(engine_args))
+    systems = {"folio": summarise(spec, run_calls(llm, calls)), **peers}
+    del llm
+    release_device_memory()
+    print(format_rows(systems))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump({"spec": dataclasses.asdict(spec), "model": model, "dtype": dtype,
+                       "systems": {k: [dataclasses.asdict(r) for r in v] for k, v in systems.items()}}, f, indent=2)
+            f.write("\n")
+    return 0 if all(r.exact for rows in systems.values() for r in rows) else 1
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}.") from None
 
 
 def _add_floor(report: ThroughputReport) -> None:

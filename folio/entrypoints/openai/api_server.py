@@ -47,6 +47,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine.start()
         try:
+            await app.state.serving.models.load_static(engine, config.lora_modules)
             yield
         finally:
             await engine.shutdown()
@@ -71,12 +72,16 @@ def _serving_state(engine: AsyncLLM, config: ServerConfig) -> ServingState:
         logger.warning("The model has no chat template: /v1/chat/completions will answer 400. "
                        "Pass one with --chat-template.")
     name = model.served_model_name
+    models = OpenAIServingModels(name, model.model, model.max_model_len, lora_enabled=engine.lora_enabled)
+    if config.lora_modules and not engine.lora_enabled:
+        raise ValueError("--lora-modules needs --enable-lora.")
     return ServingState(
         engine=engine,
-        completion=OpenAIServingCompletion(engine, name),
-        chat=OpenAIServingChat(engine, name, template),
-        models=OpenAIServingModels(name, model.model, model.max_model_len),
-        tokenization=OpenAIServingTokenization(engine, name, template),
+        completion=OpenAIServingCompletion(engine, name, models=models),
+        chat=OpenAIServingChat(engine, name, template, models=models),
+        models=models,
+        tokenization=OpenAIServingTokenization(engine, name, template, models=models),
+        allow_runtime_lora_updating=config.allow_runtime_lora_updating,
     )
 
 

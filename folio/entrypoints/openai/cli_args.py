@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 
@@ -11,6 +12,15 @@ from folio.engine.arg_utils import EngineArgs
 API_KEY_ENV = "FOLIO_API_KEY"
 DEFAULT_MAX_WAITING_REQUESTS = 1024
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class LoRAModulePath:
+    """One --lora-modules entry: `name=path` or vLLM's JSON `{"name", "path", "base_model_name"}`."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,8 @@ class ServerConfig:
     log_level: str = "info"
     access_log: bool = True
     engine_process: bool | None = None  # None: a process when the engine runs on CUDA
+    lora_modules: tuple[LoRAModulePath, ...] = ()  # adapters served from the start (--lora-modules)
+    allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
     dashboard: bool = True  # /dashboard and /v1/engine/state (docs/dashboard.md)
 
     def __post_init__(self) -> None:
@@ -47,6 +59,8 @@ class ServerConfig:
             log_level=args.uvicorn_log_level,
             access_log=not args.disable_uvicorn_access_log,
             engine_process=args.engine_process,
+            lora_modules=tuple(getattr(args, "lora_modules", None) or ()),
+            allow_runtime_lora_updating=getattr(args, "allow_runtime_lora_updating", False),
             dashboard=getattr(args, "dashboard", True),
         )
 
@@ -81,8 +95,29 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="run the engine in a process of its own (its own GIL; a crash there leaves "
                         "the server answering 503) instead of on a thread of the server process "
                         "(default: a process on a GPU, a thread on the CPU; docs/serving.md)")
+    g.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None, metavar="NAME=PATH",
+                   help="LoRA adapters to serve (needs --enable-lora): name=path, or vLLM's JSON "
+                        "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; requests pick one by `model`")
+    g.add_argument("--allow-runtime-lora-updating", action="store_true",
+                   help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter (local paths)")
     g.add_argument("--dashboard", action=argparse.BooleanOptionalAction, default=d.dashboard,
                    help="serve the live engine view at /dashboard and /v1/engine/state (behind --api-key "
                         "when set; docs/dashboard.md)")
     EngineArgs.add_cli_args(parser)
     return parser
+
+
+def parse_lora_module(text: str) -> LoRAModulePath:
+    """One --lora-modules entry, `name=path` or a JSON object (argparse reports the error)."""
+    if text.lstrip().startswith("{"):
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"invalid JSON in --lora-modules {text!r}: {e}") from None
+        if not isinstance(fields, dict) or not isinstance(fields.get("name"), str) or not isinstance(fields.get("path"), str):
+            raise argparse.ArgumentTypeError(f"--lora-modules JSON needs string 'name' and 'path', got {text!r}")
+        return LoRAModulePath(fields["name"], fields["path"], fields.get("base_model_name"))
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--lora-modules entries are name=path, got {text!r}")
+    return LoRAModulePath(name, path)

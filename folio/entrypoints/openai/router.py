@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 
 from folio.engine.async_llm import AsyncLLM
 from folio.engine.metrics import CONTENT_TYPE
 from folio.entrypoints.openai.disconnect import cancel_on_disconnect
-from folio.entrypoints.openai.errors import ServiceUnavailableError
+from folio.entrypoints.openai.errors import NotFoundError, ServiceUnavailableError
 from folio.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -31,6 +31,7 @@ from folio.entrypoints.openai.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from folio.entrypoints.openai.protocol.lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from folio.entrypoints.openai.serving_chat import OpenAIServingChat
 from folio.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from folio.entrypoints.openai.serving_models import OpenAIServingModels
@@ -45,6 +46,7 @@ class ServingState:
     chat: OpenAIServingChat
     models: OpenAIServingModels
     tokenization: OpenAIServingTokenization
+    allow_runtime_lora_updating: bool = False
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -102,6 +104,30 @@ async def create_completion(body: CompletionRequest, request: Request) -> Any:
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_GENERATE_ERRORS)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Any:
     return await cancel_on_disconnect(request, _state(request).chat.create(body))
+
+
+@router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=_errors(400, 401, 404, 503))
+async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
+    """Load a PEFT adapter from a local folder and serve it as the model `lora_name` (vLLM's
+    endpoint; only with --allow-runtime-lora-updating)."""
+    state = _runtime_lora_state(request)
+    await state.models.load(state.engine, body.lora_name, body.lora_path, inplace=body.load_inplace)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+@router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=_errors(400, 401, 404, 503))
+async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
+    state = _runtime_lora_state(request)
+    await state.models.unload(state.engine, body.lora_name)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+def _runtime_lora_state(request: Request) -> ServingState:
+    state = _state(request)
+    if not state.allow_runtime_lora_updating:
+        raise NotFoundError("Runtime LoRA updating is off: start the server with --allow-runtime-lora-updating.",
+                            code="not_found")
+    return state
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_errors(400, 401, 404))

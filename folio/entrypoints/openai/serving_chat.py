@@ -33,7 +33,7 @@ from folio.sampling_params import SamplingParams
 
 class OpenAIServingChat(OpenAIServing):
     async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | EventStreamResponse:
-        self.check_model(request.model)
+        lora = self.check_model(request.model)
         self.check_stream_options(request)
         text = self.render_chat(
             request.messages,
@@ -44,8 +44,8 @@ class OpenAIServingChat(OpenAIServing):
         prompt = EnginePrompt(self.encode(text, add_special_tokens=False, param="messages"), text)
         params = self._params(request, prompt)
         request_id = random_id("chatcmpl")
-        streams = await self.add_requests(request_id, [prompt], [params], request.priority, request.cache_salt)
-        call = _Call(request, request_id, int(time.time()), self.model_name)
+        streams = await self.add_requests(request_id, [prompt], [params], request.priority, request.cache_salt, lora)
+        call = _Call(request, request_id, int(time.time()), self.response_model(lora))
         if request.stream:
             return EventStreamResponse(self._events(call, streams[0]), streams)
         (output,) = await final_outputs(streams)

@@ -36,13 +36,13 @@ DEFAULT_MAX_TOKENS = 16
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create(self, request: CompletionRequest) -> CompletionResponse | EventStreamResponse:
-        self.check_model(request.model)
+        lora = self.check_model(request.model)
         self._check_supported(request)
         prompts = self._prompts(request)
         params = [self._params(request, p) for p in prompts]
         request_id = random_id("cmpl")
-        streams = await self.add_requests(request_id, prompts, params, request.priority, request.cache_salt)
-        call = _Call(request, request_id, int(time.time()), self.model_name, prompts)
+        streams = await self.add_requests(request_id, prompts, params, request.priority, request.cache_salt, lora)
+        call = _Call(request, request_id, int(time.time()), self.response_model(lora), prompts)
         if request.stream:
             return EventStreamResponse(self._events(call, streams), streams)
         outputs = await final_outputs(streams)

@@ -16,6 +16,8 @@ from typing import Any
 from folio.engine.async_llm import AsyncLLM, RequestStream
 from folio.entrypoints.openai.errors import BadRequestError, from_engine_error, model_not_found
 from folio.entrypoints.openai.protocol import ChatMessage, SamplingRequest
+from folio.entrypoints.openai.serving_models import OpenAIServingModels
+from folio.lora.request import LoRARequest
 from folio.sampling_params import BeamSearchParams, SamplingParams, SamplingParamsError
 from folio.transformers_utils.chat_template import ChatTemplateError, render_chat
 
@@ -39,9 +41,16 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, model_name: str, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        model_name: str,
+        chat_template: str | None = None,
+        models: OpenAIServingModels | None = None,
+    ) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.models = models  # the served names, LoRA adapters included (None: the model only)
         self.chat_template = chat_template
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.model_config.max_model_len
@@ -49,10 +58,18 @@ class OpenAIServing:
         self.default_params = engine.default_sampling_params()
 
     # ---- checks ---------------------------------------------------------------------------
-    def check_model(self, model: str | None) -> None:
-        """None means the served model (vLLM's leniency); any other name must match."""
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """None means the served model (vLLM's leniency); any other name must be served: the
+        model (-> None) or a LoRA adapter (-> its LoRARequest); else a 404."""
+        if self.models is not None:
+            return self.models.resolve(model)
         if model is not None and model != self.model_name:
             raise model_not_found(model, self.model_name)
+        return None
+
+    def response_model(self, lora: LoRARequest | None) -> str:
+        """The `model` a response names: the adapter's name for a LoRA request, as vLLM does."""
+        return lora.lora_name if lora is not None else self.model_name
 
     def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
         for token_id in token_ids:
@@ -161,6 +178,7 @@ class OpenAIServing:
         params: list[SamplingParams],
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> list[RequestStream]:
         """Add one engine request per prompt (ids `{request_id}-{i}` when several): all or none.
 
@@ -174,7 +192,7 @@ class OpenAIServing:
                 engine_prompt["prompt"] = prompt.text
             if cache_salt is not None:
                 engine_prompt["cache_salt"] = cache_salt
-            adds.append(asyncio.ensure_future(self.engine.add_request(engine_id, engine_prompt, p, priority)))
+            adds.append(asyncio.ensure_future(self.engine.add_request(engine_id, engine_prompt, p, priority, lora_request)))
         try:
             results = await asyncio.gather(*adds, return_exceptions=True)
         except asyncio.CancelledError:  # the client left: withdraw whatever was added

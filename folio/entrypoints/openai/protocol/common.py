@@ -76,6 +76,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "folio"
     root: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model
     max_model_len: int | None = None
 
 

@@ -189,7 +189,7 @@ function fillTable(id, requests, columns) {
     const tr = document.createElement("tr");
     tr.dataset.requestId = r.id;
     tr.append(cell(r.id, "id"), ...columns.map((f) => cell(f(r))));
-    tr.title = r.family ? `${r.id} (of ${r.family})` : r.id;
+    tr.title = r.id + (r.family ? ` (of ${r.family})` : "") + (r.lora ? `, adapter ${r.lora}` : "");
     if (view.hover && view.hover.has(r.id)) tr.className = "hot";
     return tr;
   });

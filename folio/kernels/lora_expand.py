@@ -1,0 +1,157 @@
+"""LoRA expand: y[t, shard cols] += s[t, shard ranks] @ B[slot[t]]^T, added in place.
+
+The second half of the batched LoRA delta (folio/kernels/lora_shrink.py is the first): B lives
+stacked in GPU slots as [slots, N, R] with the adapter's scaling folded in, and tokens arrive
+grouped by slot exactly as for the shrink. A merged layer (QKV, gate/up) is one launch: shard j
+owns output columns [offsets[j], offsets[j + 1]) and reads shrink columns [j * R, (j + 1) * R),
+so each shard's B multiplies only its own A's result.
+
+The shrink result is rounded to B's dtype before the dot, as PEFT's lora_B(lora_A(x)) rounds
+between its two matmuls; the dot accumulates in float32 and y is rounded once after the add.
+Grid: (the shrink's blocks, shards * n-blocks of the widest shard); each (token, col) pair
+belongs to one program, so the read-modify-write of y needs no atomics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, check_mapping, num_blocks
+from folio.kernels.triton_compat import check_dtype, check_same_device, next_power_of_2, tl, triton
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _lora_expand_kernel(
+    y_ptr,  # [tokens, N] (row stride y_stride)
+    s_ptr,  # [tokens, shards * R] float32
+    b_ptr,  # [slots, N, R]
+    offsets_ptr,  # [shards + 1] int32: output columns of each shard
+    sorted_ptr,  # [tokens] int32
+    block_slots_ptr,  # [blocks] int32 (see lora_shrink.plan_blocks)
+    block_starts_ptr,  # [blocks] int32
+    block_ends_ptr,  # [blocks] int32
+    R,
+    y_stride,
+    s_stride,
+    b_stride_slot,
+    b_stride_n,
+    NUM_N_BLOCKS: tl.constexpr,  # n-blocks of the widest shard
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    slot = tl.load(block_slots_ptr + pid_b)
+    if slot < 0:
+        return
+    shard = pid_n // NUM_N_BLOCKS
+    col_start = tl.load(offsets_ptr + shard) + (pid_n % NUM_N_BLOCKS) * BLOCK_N
+    col_end = tl.load(offsets_ptr + shard + 1)
+    if col_start >= col_end:
+        return
+    tokens, mask_m = block_tokens(sorted_ptr, block_starts_ptr, block_ends_ptr, pid_b, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_r = offs_r < R
+    cols = col_start + tl.arange(0, BLOCK_N)
+    mask_n = cols < col_end
+    s = tl.load(s_ptr + tokens[:, None] * s_stride + shard * R + offs_r[None, :], mask=mask_m[:, None] & mask_r[None, :], other=0.0)
+    b_base = b_ptr + slot.to(tl.int64) * b_stride_slot
+    b = tl.load(b_base + cols[:, None] * b_stride_n + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
+    delta = tl.dot(s.to(b.dtype), tl.trans(b), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N] f32
+    y_ptrs = y_ptr + tokens[:, None] * y_stride + cols[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    y = tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptrs, (y + delta).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def lora_expand_triton(
+    y: torch.Tensor,  # [tokens, N], updated in place
+    shrunk: torch.Tensor,  # [tokens, shards * R] float32
+    lora_b: torch.Tensor,  # [slots, N, R]
+    shard_offsets: torch.Tensor,  # [shards + 1] int32 on y's device: 0, ..., N
+    sorted_tokens: torch.Tensor,  # [tokens] int32
+    blocks: LoRABlocks,  # the shrink's blocks
+    shard_sizes: list[int],  # the same shards, on the host (tile sizes depend on them)
+) -> torch.Tensor:
+    """Triton launcher: adds each token's adapter delta into y; returns y."""
+    _check(y, shrunk, lora_b, shard_offsets, shard_sizes)
+    check_mapping(y.shape[0], lora_b.shape[0], sorted_tokens, blocks)
+    check_same_device(_lora_expand_kernel, y=y, shrunk=shrunk, lora_b=lora_b, shard_offsets=shard_offsets)
+    tokens = y.shape[0]
+    slots, _, r = lora_b.shape
+    if tokens == 0:
+        return y
+    block_n = 64 if tokens <= 1024 else 128
+    n_blocks = triton.cdiv(max(shard_sizes), block_n)
+    grid = (num_blocks(tokens, slots), len(shard_sizes) * n_blocks)
+    _lora_expand_kernel[grid](
+        y,
+        shrunk,
+        lora_b,
+        shard_offsets,
+        sorted_tokens,
+        blocks.slots,
+        blocks.starts,
+        blocks.ends,
+        r,
+        y.stride(0),
+        shrunk.stride(0),
+        lora_b.stride(0),
+        lora_b.stride(1),
+        NUM_N_BLOCKS=n_blocks,
+        BLOCK_M=block_m(tokens),
+        BLOCK_N=block_n,
+        BLOCK_R=max(16, next_power_of_2(r)),
+        PRECISION="ieee" if lora_b.dtype == torch.float32 else "tf32",
+        num_warps=4,
+    )
+    return y
+
+
+def lora_expand_reference(
+    y: torch.Tensor,  # [tokens, N], updated in place
+    shrunk: torch.Tensor,  # [tokens, shards * R] float32
+    lora_b: torch.Tensor,  # [slots, N, R]
+    token_slots: torch.Tensor,  # [tokens] int, -1 = no adapter
+    shard_sizes: list[int],
+) -> torch.Tensor:
+    """Plain torch with the kernel's rounding: shrink rounded to B's dtype, float32 dot and add."""
+    r = lora_b.shape[2]
+    rounded = shrunk.to(lora_b.dtype).float()  # [tokens, shards * R]
+    delta = torch.zeros(y.shape, dtype=torch.float32, device=y.device)  # [tokens, N]
+    for slot in range(lora_b.shape[0]):  # masked, no host reads: graph-safe (see the shrink)
+        mask = (token_slots == slot).unsqueeze(1)  # [tokens, 1]
+        col = 0
+        for j, size in enumerate(shard_sizes):
+            part = rounded[:, j * r : (j + 1) * r] @ lora_b[slot, col : col + size].float().T  # [tokens, size]
+            delta[:, col : col + size] = torch.where(mask, part, delta[:, col : col + size])
+            col += size
+    has_adapter = (token_slots >= 0).unsqueeze(1)  # [tokens, 1]
+    y.copy_(torch.where(has_adapter, (y.float() + delta).to(y.dtype), y))
+    return y
+
+
+def _check(y, shrunk, lora_b, shard_offsets, shard_sizes) -> None:
+    check_dtype("y", y, _FLOATS)
+    check_dtype("lora_b", lora_b, _FLOATS)
+    if y.dim() != 2 or y.stride(1) != 1:
+        raise ValueError(f"y must be [tokens, N] with contiguous rows, got {tuple(y.shape)}.")
+    n = y.shape[1]
+    if sum(shard_sizes) != n or not shard_sizes:
+        raise ValueError(f"shard sizes {shard_sizes} must add up to y's {n} columns.")
+    if lora_b.dim() != 3 or lora_b.shape[1] != n or not lora_b.is_contiguous():
+        raise ValueError(f"lora_b must be a contiguous [slots, {n}, R], got {tuple(lora_b.shape)}.")
+    if lora_b.shape[2] > 128:
+        raise ValueError(f"rank up to 128 is supported, got {lora_b.shape[2]}.")
+    r = lora_b.shape[2]
+    expected = (y.shape[0], len(shard_sizes) * r)
+    if shrunk.dtype != torch.float32 or shrunk.dim() != 2 or shrunk.shape[0] != y.shape[0] or shrunk.shape[1] < expected[1]:
+        raise ValueError(f"shrunk must be float32 {expected}, got {shrunk.dtype} {tuple(shrunk.shape)}.")
+    if shrunk.stride(1) != 1:
+        raise ValueError("shrunk must be contiguous in its last dimension.")
+    if shard_offsets.dtype != torch.int32 or tuple(shard_offsets.shape) != (len(shard_sizes) + 1,):
+        raise ValueError(f"shard_offsets must be int32 [{len(shard_sizes) + 1}], got {shard_offsets.dtype} {tuple(shard_offsets.shape)}.")

@@ -1,0 +1,94 @@
+"""LoRALinear: a finished linear layer plus the batched adapter delta of each token's slot.
+
+The wrapper owns the stacked slot tensors of its layer, zero-padded so their shapes never change
+(CUDA graphs keep working whatever adapters are loaded):
+  lora_a [max_loras, shards * max_lora_rank, in_per_partition]: shard j's A in rows j*r_max...;
+  lora_b [max_loras, out_per_partition, max_lora_rank]: shard j's B (scaling folded in) in
+  its output rows, so it only ever meets its own A's result.
+Tensor parallelism follows the base layer's role (docs/linear-layers.md): a column-parallel
+layer keeps this rank's output rows of B, a row-parallel one this rank's input columns of A,
+and its delta is added before the all-reduce (the bias after it, once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from folio.layers.linear import LinearBase
+from folio.lora.adapter import LoRAAdapter
+from folio.lora.delta import add_lora_delta
+from folio.lora.mapping import LoRAMapping
+from folio.parallel import all_reduce
+
+
+class LoRALinear(nn.Module):
+    def __init__(
+        self,
+        base_layer: LinearBase,
+        shard_names: tuple[str, ...],  # the PEFT module name of each output shard
+        max_loras: int,
+        max_lora_rank: int,
+        current_mapping: Callable[[], LoRAMapping],
+        dtype: torch.dtype,  # the model's activations' dtype (a quantized weight's is not)
+    ) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self.shard_names = shard_names
+        self.max_lora_rank = max_lora_rank
+        self.current_mapping = current_mapping  # the step's token -> slot mapping (one shared buffer)
+        self.shard_sizes = list(base_layer.output_partition_sizes)
+        device = next(base_layer.parameters()).device
+        shards, out = len(self.shard_sizes), sum(self.shard_sizes)
+        in_size = base_layer.input_size_per_partition
+        self.lora_a = torch.zeros(max_loras, shards * max_lora_rank, in_size, dtype=dtype, device=device)
+        self.lora_b = torch.zeros(max_loras, out, max_lora_rank, dtype=dtype, device=device)
+        offsets = [0, *(sum(self.shard_sizes[: i + 1]) for i in range(shards))]
+        self.shard_offsets = torch.tensor(offsets, dtype=torch.int32, device=device)
+
+    # ---- slots ------------------------------------------------------------------------------
+    def set_slot(self, slot: int, adapter: LoRAAdapter, module_prefix: str) -> None:
+        """Copy the adapter's weights for this layer into `slot`; shards it does not adapt,
+        and ranks past its own, stay zero (so they add nothing)."""
+        self.lora_a[slot].zero_()
+        self.lora_b[slot].zero_()
+        base, r_max = self.base_layer, self.max_lora_rank
+        in_start, in_size = base.input_slice()
+        for j, shard_name in enumerate(self.shard_names):
+            weights = adapter.modules.get(f"{module_prefix}.{shard_name}")
+            if weights is None:
+                continue
+            rank = weights.lora_a.shape[0]
+            out_start, out_size = base.shard_slice(j)
+            a = weights.lora_a.narrow(1, in_start, in_size)  # [rank, in_per_partition]
+            b = weights.lora_b.narrow(0, out_start, out_size)  # [out_per_partition, rank]
+            self.lora_a[slot, j * r_max : j * r_max + rank].copy_(a)
+            row = base.offsets[j]
+            self.lora_b[slot, row : row + out_size, :rank].copy_(b)
+
+    def clear_slot(self, slot: int) -> None:
+        self.lora_a[slot].zero_()
+        self.lora_b[slot].zero_()
+
+    # ---- forward ----------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        base = self.base_layer
+        mapping = self.current_mapping()
+        if base.role == "row" and base.tp_size > 1:
+            y = base.quant_method.apply(base, x, None)  # [tokens, out] partial sums
+            self._add_delta(y, x, mapping)
+            y = all_reduce(y)
+            return y if base.bias is None else y + base.bias
+        y = base(x)  # [tokens, out_per_partition]
+        return self._add_delta(y, x, mapping)
+
+    def _add_delta(self, y: torch.Tensor, x: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
+        return add_lora_delta(y, x, self.lora_a, self.lora_b, mapping, self.shard_sizes, self.shard_offsets)
+
+    def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.base_layer.split(out)
+
+    def extra_repr(self) -> str:
+        return f"shards={self.shard_names}, slots={self.lora_a.shape[0]}, r_max={self.max_lora_rank}"

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 11's before/after runs on one GPU, each part one A/B (new default vs the switch that
+# restores the old path), written under $OUT:
+#   bash scripts/issue11_ab.sh PART...   PART: ttft-qwen ttft-llama sampling-w1 batched-tokens-w1
+# The switches: FOLIO_PREFILL_ATTENTION=0 (unified kernel for prefill), FOLIO_FUSED_SAMPLING=0
+# (torch race), --max-num-batched-tokens 8192 (the old default).
+set -u
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=. HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+QWEN=folio/benchmarks/configs/qwen3-0.6b; LLAMA=folio/benchmarks/configs/llama-3.1-8b
+W1="--load-format dummy --dtype bfloat16 --max-model-len 4096 --workload w1 --no-progress --no-floor"
+lat() {  # lat NAME MODEL ENV... -- ARGS...
+  local name=$1 model=$2; shift 2
+  echo "=== $name $(date +%T)"
+  env "$@" timeout 150 python3 -m folio bench latency --model $model --load-format dummy --dtype bfloat16 \
+    ${LAT_ARGS:-} --json "$OUT/$name.json" 2>&1 | grep -vE "INFO|WARNING|it/s|^\('" | tail -6
+}
+w1() {  # w1 NAME ENV... -- ARGS
+  local name=$1; shift
+  echo "=== $name $(date +%T)"
+  env $ENVS timeout 150 python3 -m folio bench throughput --model $QWEN $W1 "$@" --json "$OUT/$name.json" \
+    2> "$OUT/$name.log" | grep -E "^folio|output tok/s" | head -3
+}
+for p in "$@"; do case $p in
+ttft-qwen) LAT_ARGS="--batch-sizes 1,64" lat ttft-qwen-new $QWEN FOLIO_PREFILL_ATTENTION=1
+  LAT_ARGS="--batch-sizes 1" lat ttft-qwen-unified $QWEN FOLIO_PREFILL_ATTENTION=0 ;;
+ttft-llama) LAT_ARGS="--batch-sizes 1" lat ttft-llama-new $LLAMA FOLIO_PREFILL_ATTENTION=1
+  LAT_ARGS="--batch-sizes 1" lat ttft-llama-unified $LLAMA FOLIO_PREFILL_ATTENTION=0 ;;
+sampling-w1) ENVS="FOLIO_FUSED_SAMPLING=1" w1 w1-qwen-t06-fused --temperature 0.6
+  ENVS="FOLIO_FUSED_SAMPLING=0" w1 w1-qwen-t06-torch --temperature 0.6
+  ENVS="FOLIO_FUSED_SAMPLING=1" w1 w1-qwen-greedy ;;
+batched-tokens-w1) ENVS="FOLIO_FUSED_SAMPLING=1" w1 w1-qwen-greedy-8192 --max-num-batched-tokens 8192
+  ENVS="FOLIO_FUSED_SAMPLING=1" w1 w1-qwen-greedy-16384 --max-num-batched-tokens 16384 ;;
+*) echo "unknown part $p"; exit 2 ;;
+esac; done
+echo "=== done $(date +%T)"
