@@ -47,6 +47,15 @@ def plan_admission(
     return Admission(prefix, num_new)
 
 
+def why_not_admitted(kv: KVCacheManager, request: Request, step: ScheduleStep) -> str:
+    """Why plan_admission returned None for the request (a reason of core/engine_state.py)."""
+    if request.num_output_placeholders:
+        return "in_flight"
+    if not kv.swap_space.holds(request.request_id) and shared_prefix(kv, request, step) is None:
+        return "parent"
+    return "token_budget"
+
+
 def shared_prefix(kv: KVCacheManager, request: Request, step: ScheduleStep) -> SharedPrefix | None:
     """The K/V the request can share; None while it waits for its running parent.
 

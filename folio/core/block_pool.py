@@ -14,7 +14,7 @@ moves in O(1).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, KeysView
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -51,6 +51,14 @@ class BlockPool:
 
     def is_free(self, block_id: int) -> bool:
         return block_id in self._free
+
+    def ref_counts(self) -> list[int]:
+        """Every block's ref count, by block id: the live list, for views that must not modify it."""
+        return self._ref_counts
+
+    def free_blocks_view(self) -> KeysView[int]:
+        """The free blocks as a live set-like view (O(1); for views that intersect it)."""
+        return self._free.keys()
 
     def free_block_ids(self) -> list[int]:
         """The free list, head (next to be allocated) first."""

@@ -15,6 +15,7 @@ requests computed the same prefix before either was cached) simply stay out of t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 
 from folio.core.block_hash import BlockHash
 
@@ -62,6 +63,10 @@ class PrefixCache:
         if block_id in self._hash_of:
             self.remove(block_id)
             self.num_evicted_blocks += 1
+
+    def cached_among(self, block_ids: AbstractSet[int]) -> set[int]:
+        """Which of these blocks hold a cached hash (a set intersection in C, for views)."""
+        return self._hash_of.keys() & block_ids
 
     def items(self) -> list[tuple[BlockHash, int]]:
         """(hash, block) pairs, for invariant checks."""

@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from folio.config.scheduler import SchedulerConfig
-from folio.core.admission import allocate_admission, plan_admission
+from folio.core.admission import allocate_admission, plan_admission, why_not_admitted
 from folio.core.kv_cache_manager import KVCacheManager
 from folio.core.preemption import newcomer_victim, pop_victim, should_swap
 from folio.core.kv_waste import KVWasteMeter
@@ -98,6 +98,9 @@ class Scheduler:
         self.num_computed_prompt_tokens = 0  # ... of them, prompt tokens
         self._finished_since_schedule: set[str] = set()
         self._num_sync_requests = 0  # unfinished requests with needs_sync_steps
+        # Why the head of the waiting queue was not admitted by the last schedule(): (its id,
+        # a reason of core/engine_state.py), for the dashboard; None when nothing waited.
+        self.head_wait: tuple[str, str] | None = None
 
     # ---- requests in and out ----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -178,10 +181,13 @@ class Scheduler:
         kv.begin_step()
         step = ScheduleStep(budget=self.config.max_num_batched_tokens)
         self._schedule_running(step)
+        self.head_wait = None
         # A step that had to preempt is short of blocks: admitting newcomers would only
         # preempt again next step, so they wait.
         if not step.preempted:
             self._schedule_waiting(step)
+        if self.waiting and self.head_wait is None:
+            self._note_wait("preempting" if step.preempted else "token_budget")
         finished = frozenset(self._finished_since_schedule)
         self._finished_since_schedule.clear()
         self._count(step)
@@ -251,6 +257,7 @@ class Scheduler:
                 held.append(self.waiting.pop())
                 continue
             if len(self.running) >= self.config.max_num_seqs and not self._park_a_paused_beam(request, step):
+                self._note_wait("max_num_seqs")
                 break
             num_new = self._allocate_for_newcomer(request, step)
             if num_new == 0:
@@ -262,9 +269,14 @@ class Scheduler:
             step.add(request, num_new, self.kv_cache_manager.get_block_ids(request.request_id))
             slots.admit(request)
             if len(step.preempted) > num_preempted:
-                break
+                break  # the next head waits: "preempting"
         for request in reversed(held):
             self.waiting.prepend(request)  # back in their places at the front
+        if held:
+            self.head_wait = (held[0].request_id, "lora_slot")
+
+    def _note_wait(self, reason: str) -> None:
+        self.head_wait = (self.waiting.peek().request_id, reason)
 
     def _park_a_paused_beam(self, newcomer: Request, step: ScheduleStep) -> bool:
         """Free a seat for the newcomer by parking the newest paused beam, if it could start."""
@@ -285,6 +297,7 @@ class Scheduler:
         while True:
             admission = plan_admission(self.kv_cache_manager, self.config, request, step)
             if admission is None:
+                self._note_wait(why_not_admitted(self.kv_cache_manager, request, step))
                 return 0
             if allocate_admission(self.kv_cache_manager, request, admission):
                 step.admitted.add(request.request_id)
@@ -293,6 +306,7 @@ class Scheduler:
                 self.config.policy, self.running, request, self.kv_cache_manager.providers
             )
             if victim is None:
+                self._note_wait("no_blocks")
                 return 0
             self.running.remove(victim)
             self._preempt(victim, step)  # an unscheduled victim gives budget back: count again

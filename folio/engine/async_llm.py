@@ -39,6 +39,7 @@ from folio.engine.engine_loop import (
     Died,
     EmbedCommand,
     Embedded,
+    StateAnswer,
     StopCommand,
     Stepped,
     Stopped,
@@ -46,6 +47,8 @@ from folio.engine.engine_loop import (
 from folio.engine.input_processor import PromptType
 from folio.engine.llm_engine import EngineStats, LLMEngine
 from folio.engine.metrics import EngineMetrics
+from folio.engine.state_history import StateHistory
+from folio.engine.state_reads import StateReads
 from folio.logger import init_logger
 from folio.lora.request import LoRARequest
 from folio.outputs import CompletionOutput, RequestOutput
@@ -101,6 +104,8 @@ class AsyncLLM:
         self._embeds: dict[str, asyncio.Future] = {}  # embed commands sent, not yet answered
         self._stats = self.core.initial_stats
         self._dead: EngineDeadError | None = None
+        self._state_reads = StateReads(self.core.send)
+        self.history: StateHistory | None = None  # per-second series, once the dashboard asks
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, *, engine_process: bool = False, **kwargs: Any) -> AsyncLLM:
@@ -140,6 +145,22 @@ class AsyncLLM:
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)
+
+    def enable_state_history(self) -> None:
+        """Record throughput, TTFT and ITL per second from now on (engine/state_history.py)."""
+        if self.history is None:
+            self.history = StateHistory(self._stats.num_computed_tokens)
+
+    async def engine_state(self, with_blocks: bool = False) -> dict[str, Any]:
+        """The engine's queues and KV cache, read between two steps (core/engine_state.py),
+        with the per-second series when the history is on (docs/dashboard.md)."""
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        if not self._started:
+            raise RuntimeError("AsyncLLM.start() was not called.")
+        state = await self._state_reads.read(with_blocks)
+        state["series"] = self.history.series() if self.history is not None else None
+        return state
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -259,6 +280,8 @@ class AsyncLLM:
         """Called by a RequestStream that is abandoned before it finished."""
         self._streams.pop(request_id, None)
         self.metrics.record_abort(request_id)
+        if self.history is not None:
+            self.history.forget(request_id)
         self.core.send(AbortCommand(request_id))
 
     # ---- messages from the engine (posted onto the event loop) --------------------------------
@@ -281,6 +304,8 @@ class AsyncLLM:
                     future.set_result(message.embeddings)
                 else:
                     future.set_exception(message.error.to_exception())
+        elif isinstance(message, StateAnswer):
+            self._state_reads.answer(message)
         elif isinstance(message, Died):
             logger.error("%s", message.message)
             self._dead = EngineDeadError(message.message)
@@ -305,6 +330,8 @@ class AsyncLLM:
         self.metrics.record_stats(message.stats)
         if message.outputs or message.seconds:
             self.metrics.record_step(message.outputs, message.seconds)
+        if self.history is not None:
+            self.history.record_step(message.outputs, message.stats.num_computed_tokens)
         for output in message.outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
@@ -319,6 +346,7 @@ class AsyncLLM:
                 stream.put(RequestFailedError(reason))
 
     def _fail_all(self, error: BaseException) -> None:
+        self._state_reads.fail_all(error)
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)

@@ -5,7 +5,8 @@ waiting for it (blocking while it has nothing to do), and `emit(message)` hands 
 Everything that crosses is a small picklable value, so the same loop runs on a thread of the
 server process (EngineThread) or alone in a child process (EngineProcess).
 
-Per iteration: the commands are applied and the adds answered at once (Accepted), then one
+Per iteration: the commands are applied and the adds answered at once (Accepted; a state read,
+StateCommand, is answered by a StateAnswer built between steps), then one
 step runs and everything it produced goes back together (Stepped). An exception while adding a
 request fails that request only; one while processing a request's output too (LLMEngine
 isolates those); any other exception from step() ends the loop with Died, since the engine's
@@ -67,6 +68,14 @@ class EmbedCommand:
 
 
 @dataclass(frozen=True)
+class StateCommand:
+    """Ask for the engine's state (core/engine_state.py), answered by a StateAnswer with the ticket."""
+
+    ticket: int
+    with_blocks: bool = False
+
+
+@dataclass(frozen=True)
 class StopCommand:
     """Abort everything unfinished and end the loop."""
 
@@ -120,6 +129,13 @@ class Embedded:
 
 
 @dataclass(frozen=True)
+class StateAnswer:
+    ticket: int
+    state: dict[str, Any] | None  # None: the state could not be built (error says why)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Stopped:
     stats: EngineStats
 
@@ -154,7 +170,7 @@ class EngineLoop:
             if results:  # answer the adds now: their callers need not wait for the step
                 self.emit(Accepted(results, self.engine.stats()))
             if not self.engine.has_unfinished_requests():
-                if commands:  # aborts changed the stats
+                if any(not isinstance(c, StateCommand) for c in commands):  # aborts changed the stats
                     self.emit(Stepped([], {}, self.engine.stats(), 0.0))
                 continue
             start = time.perf_counter()
@@ -167,6 +183,9 @@ class EngineLoop:
     def _apply(self, commands: list[Any]) -> list[tuple[str, int, RequestError | None]]:
         results = []
         for command in commands:
+            if isinstance(command, StateCommand):
+                self.emit(self._state(command))
+                continue
             if isinstance(command, AbortCommand):
                 if command.request_id in self._live:
                     self._live.discard(command.request_id)
@@ -194,6 +213,14 @@ class EngineLoop:
         except Exception as e:  # an invalid prompt, or a bug: the caller gets the error
             return Embedded(command.request_id, None, RequestError.of(e))
         return Embedded(command.request_id, vectors)
+
+    def _state(self, command: StateCommand) -> StateAnswer:
+        """A read of the scheduler between steps; a failure here fails the read, not the engine."""
+        try:
+            return StateAnswer(command.ticket, self.engine.engine_state(command.with_blocks))
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            logger.exception("Building the engine state failed.")
+            return StateAnswer(command.ticket, None, f"{type(e).__name__}: {e}")
 
     def _apply_lora(self, command: LoRACommand) -> RequestError | None:
         try:

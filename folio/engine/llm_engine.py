@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from folio.config import EngineConfig
+from folio.core.engine_state import build_engine_state
 from folio.core.request import RequestStatus
 from folio.core.outputs import ModelRunnerOutput
 from folio.core.scheduler import Scheduler
@@ -294,6 +295,10 @@ class LLMEngine:
         if self._pooler is None:
             self._pooler = pooler_for_runner(self.runner)
         return self._pooler.embed(prompts, pooler_config)
+
+    def engine_state(self, with_blocks: bool = False) -> dict[str, Any]:
+        """The queues and KV cache as core/engine_state.py pictures them (docs/dashboard.md)."""
+        return build_engine_state(self.scheduler, with_blocks=with_blocks)
 
     def stats(self) -> EngineStats:
         s = self.scheduler

@@ -24,6 +24,7 @@ from folio.engine.arg_utils import EngineArgs
 from folio.engine.async_llm import AsyncLLM
 from folio.engine.engine_core import EngineProcess
 from folio.entrypoints.openai.auth import APIKeyMiddleware
+from folio.entrypoints.openai.dashboard import install_dashboard
 from folio.entrypoints.openai.cli_args import ServerConfig, engine_process_wanted, make_arg_parser
 from folio.entrypoints.openai.compat_routes import add_cors, include_compat_routes, log_requests
 from folio.entrypoints.openai.errors import install_error_handlers
@@ -59,6 +60,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig | None = None) -> FastAPI:
     app.state.serving = _serving_state(engine, config)
     app.include_router(router)
     include_compat_routes(app)
+    if config.dashboard:
+        install_dashboard(app, engine)
     install_error_handlers(app)
     engine.metrics.export_vllm = frontend.metrics_compat == "vllm"
     if config.api_key:

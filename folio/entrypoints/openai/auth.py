@@ -16,7 +16,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from folio.entrypoints.openai.errors import AuthenticationError
 
 # Open without a key: probes, scrapers, and the API's own description.
-PUBLIC_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+PUBLIC_PATHS = frozenset({"/health", "/ping", "/version", "/metrics", "/openapi.json", "/docs",
+                          "/docs/oauth2-redirect", "/redoc", "/dashboard"})
+# The dashboard's static files hold no data: the page sends the key with each state read.
+PUBLIC_PREFIXES = ("/dashboard/",)
 
 
 def _digest(key: str) -> bytes:
@@ -31,7 +34,8 @@ class APIKeyMiddleware:
         self._digest = _digest(api_key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or scope["method"] == "OPTIONS":
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES) or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
         if self.is_authorized(Headers(scope=scope).get("authorization", "")):

@@ -38,6 +38,7 @@ class ServerConfig:
     frontend: FrontendConfig = field(default_factory=FrontendConfig)  # vLLM's other server flags
     lora_modules: tuple[LoRAModulePath, ...] = ()  # adapters served from the start (--lora-modules)
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
+    dashboard: bool = True  # /dashboard and /v1/engine/state (docs/dashboard.md)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -63,6 +64,7 @@ class ServerConfig:
             frontend=FrontendConfig.from_cli_args(args),
             lora_modules=tuple(getattr(args, "lora_modules", None) or ()),
             allow_runtime_lora_updating=getattr(args, "allow_runtime_lora_updating", False),
+            dashboard=getattr(args, "dashboard", True),
         )
 
 
@@ -102,6 +104,9 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; requests pick one by `model`")
     g.add_argument("--allow-runtime-lora-updating", action="store_true",
                    help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter (local paths)")
+    g.add_argument("--dashboard", action=argparse.BooleanOptionalAction, default=d.dashboard,
+                   help="serve the live engine view at /dashboard and /v1/engine/state (behind --api-key "
+                        "when set; docs/dashboard.md)")
     EngineArgs.add_cli_args(parser)
     from folio.engine.vllm_cli import group_like_vllm
 
