@@ -10,7 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from folio.outputs import CompletionOutput, Logprob, RequestOutput
-from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from folio.sampling_params import (
+    BeamSearchParams,
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 from folio.version import __version__
 
 if TYPE_CHECKING:
@@ -44,5 +49,6 @@ __all__ = [
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "StructuredOutputsParams",
     "__version__",
 ]

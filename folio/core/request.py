@@ -15,8 +15,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from folio.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from folio.structured_output.backend import GrammarState
 
 
 class RequestStatus(enum.IntEnum):
@@ -75,6 +79,10 @@ class Request:
     # Beam search: stop scheduling after each sampled token until forked or finished.
     pause_after_sample: bool = False
     paused: bool = False
+    # Structured outputs: this sample's grammar state, in step with output_token_ids (the
+    # scheduler advances it with each appended token; preemption keeps the outputs, so it
+    # keeps the state too). Set before the request reaches the scheduler.
+    grammar: GrammarState | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -102,13 +110,15 @@ class Request:
     def needs_sync_steps(self) -> bool:
         """Whether each of its steps must wait for the previous one's sampled ids on the host.
 
-        Penalties count the output's token ids on the host, and a beam stops after each token
-        until its beam search forks it: neither can be planned around a placeholder. Everything
-        else a step needs (input ids, min_tokens counts, seeds) is known or on the device.
+        Penalties count the output's token ids on the host, a beam stops after each token
+        until its beam search forks it, and a grammar's next mask depends on the last token:
+        none can be planned around a placeholder. Everything else a step needs (input ids,
+        min_tokens counts, seeds) is known or on the device.
         """
         p = self.sampling_params
         return (
             self.pause_after_sample
+            or p.structured_outputs is not None
             or p.repetition_penalty != 1.0
             or p.frequency_penalty != 0.0
             or p.presence_penalty != 0.0

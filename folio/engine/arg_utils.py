@@ -17,6 +17,7 @@ from folio.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    StructuredOutputsConfig,
     resolve_device,
 )
 from folio.logger import init_logger
@@ -52,6 +53,8 @@ class EngineArgs:
     attention_backend: str = "auto"
     max_logprobs: int = 20
     async_scheduling: bool = True
+    # vLLM's structured_outputs_config: a dict of StructuredOutputsConfig fields (or the object).
+    structured_outputs_config: dict[str, Any] | StructuredOutputsConfig | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -101,7 +104,8 @@ class EngineArgs:
         )
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}.")
-        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig())
+        structured = StructuredOutputsConfig.from_value(self.structured_outputs_config)
+        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig(), structured)
 
     def _max_num_batched_tokens(self, max_model_len: int) -> int:
         if self.max_num_batched_tokens is not None:
@@ -143,8 +147,27 @@ class EngineArgs:
             default=d.async_scheduling,
             help="plan and launch each step while the previous one runs on the device",
         )
+        g.add_argument(
+            "--structured-outputs-config",
+            type=_json_object,
+            default=None,
+            help='grammar backend options as JSON, e.g. \'{"backend": "xgrammar"}\' (auto, xgrammar, guidance)',
+        )
         return parser
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         return cls(**{name: getattr(args, name) for name in cls.field_names() if hasattr(args, name)})
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """argparse type of a flag whose value is a JSON object."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value

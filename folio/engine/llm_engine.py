@@ -41,6 +41,7 @@ from folio.engine.output_processor import OutputProcessor
 from folio.logger import init_logger
 from folio.outputs import RequestOutput
 from folio.sampling_params import SamplingParams
+from folio.structured_output.manager import StructuredOutputManager
 from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
 from folio.worker.model_runner import ModelRunner
 from folio.worker.pending_output import PendingOutput
@@ -107,6 +108,9 @@ class LLMEngine:
         eos = eos_token_ids(self.tokenizer, config.model.generation_config)
         self.input_processor = InputProcessor(config.model, self.tokenizer, eos, max_logprobs)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.structured_output = StructuredOutputManager(
+            config.structured_outputs, self.tokenizer, config.model.vocab_size, eos
+        )
         self.beam_search = BeamSearchManager(self.scheduler, self.tokenizer, eos, config.model.max_model_len)
         self._request_errors: dict[str, Exception] = {}
         self.async_scheduling = config.scheduler.async_scheduling
@@ -149,6 +153,7 @@ class LLMEngine:
             self.beam_search.add(request_id, processed, params, arrival_time, priority)
             return
         self.input_processor.check_params(params, len(processed.token_ids))
+        grammar_spec = self.structured_output.check(params)
         requests = self.input_processor.make_requests(
             request_id, processed, params, arrival_time, priority
         )
@@ -164,6 +169,9 @@ class LLMEngine:
             [r.sampling_params for r in requests],
             requests[0].arrival_time,
         )
+        if grammar_spec is not None:  # to the scheduler once its grammar is compiled
+            self.structured_output.park(request_id, requests, grammar_spec)
+            return
         for request in requests:
             self.scheduler.add_request(request)
 
@@ -172,12 +180,14 @@ class LLMEngine:
         core_ids = self.output_processor.abort_requests(ids)
         self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ABORTED)
         self.beam_search.abort(ids)
+        self.structured_output.abort(ids)
         self._settle_if_idle()  # rather than at the next request's first step
 
     def step(self) -> list[RequestOutput]:
         """The outputs of one step. With async scheduling the next step is running on the
         device when this returns, unless nothing is left to run or a request needs
         synchronous steps."""
+        self._admit_compiled()
         if not self.async_scheduling:
             scheduler_output = self.scheduler.schedule()
             return self._finish_step(scheduler_output, self.runner.execute_model(scheduler_output))
@@ -186,6 +196,21 @@ class LLMEngine:
         outputs = self._finish_step(current[0], current[1].result())
         self._settle_if_idle()
         return outputs
+
+    def _admit_compiled(self) -> None:
+        """Hand the scheduler the requests whose structured-output grammar is now compiled;
+        fail those whose compile failed. With nothing else to run, wait briefly for one."""
+        manager = self.structured_output
+        if not manager.has_parked:
+            return
+        if self._in_flight is None and not self.scheduler.has_unfinished_requests():
+            manager.wait(timeout=0.05)
+        ready = manager.take_ready()
+        for request in ready.requests:
+            self.scheduler.add_request(request)
+        for request_id, _, error in ready.failed:
+            message = f"The structured output grammar of request {request_id!r} failed to compile: {error}"
+            self.output_processor.fail_request(request_id, ValueError(message))
 
     def _settle_if_idle(self) -> None:
         """With nothing left to run, wait for the step in flight and drop its results (every

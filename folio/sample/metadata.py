@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from folio.sample.constraints import TokenConstraints
+from folio.sample.grammar_mask import GrammarMask
 from folio.sample.penalties import PenaltyTensors
 from folio.sample.transfer import to_device
 from folio.sampling_params import SamplingParams
+from folio.structured_output.backend import GrammarState
 
 
 @dataclass
@@ -30,6 +32,9 @@ class SamplingRow:
     generator: torch.Generator | None  # per-request generator when params.seed is set, else None
     # Outputs before the one this step samples (for min_tokens), placeholders included.
     num_output_tokens: int
+    # Structured outputs: fills the row's mask of allowed tokens. Such requests take
+    # synchronous steps (Request.needs_sync_steps), so the state has seen every output token.
+    grammar: GrammarState | None = None
 
 
 @dataclass
@@ -50,6 +55,7 @@ class SamplingMetadata:
     max_num_logprobs: int | None  # None: no row asked for logprobs
     constraints: TokenConstraints | None  # allowed_token_ids, min_tokens, logit_bias
     penalties: PenaltyTensors | None
+    grammar_mask: GrammarMask | None = None  # structured outputs; applied before everything
 
     @property
     def edits_logits(self) -> bool:
@@ -57,6 +63,7 @@ class SamplingMetadata:
         return any(
             stage is not None
             for stage in (
+                self.grammar_mask,
                 self.constraints,
                 self.penalties,
                 self.temperature,
@@ -88,6 +95,7 @@ class SamplingMetadata:
             max_num_logprobs=max(requested) if requested else None,
             constraints=TokenConstraints.build(rows, vocab_size, device),
             penalties=PenaltyTensors.build(rows, vocab_size, device),
+            grammar_mask=GrammarMask.build(rows, vocab_size, device),
         )
         if not all_greedy:
             metadata._fill_random_stages(rows, greedy, vocab_size, device)

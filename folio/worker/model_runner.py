@@ -230,7 +230,9 @@ class ModelRunner:
                 generator = make_request_generator(params.seed, self.device)
                 self.generators[request.request_id] = generator
         num_outputs = sched.end - request.num_prompt_tokens  # before this one, placeholders included
-        return SamplingRow(params, request.prompt_token_ids, request.output_token_ids, generator, num_outputs)
+        return SamplingRow(
+            params, request.prompt_token_ids, request.output_token_ids, generator, num_outputs, request.grammar
+        )
 
     def _move_blocks(self, scheduler_output: SchedulerOutput) -> None:
         """Swap-outs, copy-on-write copies and swap-ins the scheduler asked for, in that order,

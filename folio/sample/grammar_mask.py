@@ -1,0 +1,54 @@
+"""GrammarMask: structured outputs' allowed tokens, a packed bitmask applied to the logits.
+
+Each constrained row's grammar fills one row of an int32 bitmask on the host (bit i of word w
+allows token 32 * w + i); the bitmask crosses to the device once per step and is unpacked and
+applied there: forbidden tokens get -inf. Rows without a grammar are not touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from folio.sample.transfer import move, to_device
+
+if TYPE_CHECKING:
+    from folio.sample.metadata import SamplingRow
+
+BITS_PER_WORD = 32
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + BITS_PER_WORD - 1) // BITS_PER_WORD
+
+
+@dataclass
+class GrammarMask:
+    rows: torch.Tensor  # [g] int64: batch rows with a grammar
+    bitmask: torch.Tensor  # [g, words] int32, on the logits' device
+
+    @classmethod
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device) -> GrammarMask | None:
+        """None when no row has a grammar; otherwise each grammar fills its row on the host."""
+        batch_rows = [i for i, r in enumerate(rows) if r.grammar is not None]
+        if not batch_rows:
+            return None
+        host = torch.zeros(len(batch_rows), bitmask_words(vocab_size), dtype=torch.int32)  # [g, words]
+        for local, i in enumerate(batch_rows):
+            rows[i].grammar.fill_bitmask(host, local)  # type: ignore[union-attr]
+        return cls(to_device(batch_rows, torch.int64, device), move(host, device))
+
+    def apply(self, logits: torch.Tensor) -> None:
+        """Edit logits [rows, vocab] float32 in place: -inf where the row's grammar forbids."""
+        allowed = unpack_bitmask(self.bitmask, logits.shape[1])  # [g, vocab] bool
+        logits[self.rows] = logits[self.rows].masked_fill(~allowed, float("-inf"))
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[g, words] int32 -> [g, vocab_size] bool, True where the bit is set."""
+    shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32, device=bitmask.device)  # [32]
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [g, words, 32]; & 1 undoes the sign fill
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()

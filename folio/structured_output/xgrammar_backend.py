@@ -1,0 +1,106 @@
+"""The xgrammar backend (vLLM's default): JSON schema, regex, choice, EBNF, structural tags."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from folio.structured_output.backend import GrammarTimer
+from folio.structured_output.spec import GrammarSpec
+
+
+class XGrammarState:
+    """A GrammarState over xgrammar's GrammarMatcher."""
+
+    def __init__(self, matcher: xgr.GrammarMatcher, timer: GrammarTimer) -> None:
+        self.matcher = matcher
+        self.timer = timer
+
+    def accept_token(self, token_id: int) -> bool:
+        start = time.perf_counter()
+        accepted = self.matcher.accept_token(token_id)
+        self.timer.add_since(start)
+        return accepted
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        start = time.perf_counter()
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+        self.timer.add_since(start)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
+    def reset(self) -> None:
+        self.matcher.reset()
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+
+class XGrammarCompiled:
+    def __init__(self, compiled: xgr.CompiledGrammar, timer: GrammarTimer) -> None:
+        self.compiled = compiled
+        self.timer = timer
+
+    def new_state(self) -> XGrammarState:
+        # xgrammar keeps unlimited rollback history: speculative tokens can always be taken back.
+        return XGrammarState(xgr.GrammarMatcher(self.compiled), self.timer)
+
+
+class XGrammarBackend:
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: set[int], timer: GrammarTimer, max_threads: int = 2) -> None:
+        # vocab_size is the model's (logit rows may be padded past the tokenizer's ids: those
+        # are never allowed); the stop tokens are the ones that end the request (EOS ids).
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids))
+        self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads)
+        self.timer = timer
+
+    def check(self, spec: GrammarSpec) -> None:
+        grammar_of(spec)
+
+    def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
+        return XGrammarCompiled(self.compiler.compile_grammar(grammar_of(spec)), self.timer)
+
+
+# "[09:14:32] /project/cpp/grammar_parser.cc:820: " before xgrammar's messages: not the user's concern.
+_XGRAMMAR_LOCATION = re.compile(r"\[[\d:]+\] \S+:\d+: ")
+
+
+def grammar_of(spec: GrammarSpec) -> xgr.Grammar:
+    """The xgrammar Grammar of a spec (no tokenizer needed); ValueError if it does not parse."""
+    try:
+        return _build(spec)
+    except ValueError:
+        raise
+    except Exception as e:  # xgrammar reports parse errors as RuntimeError and its own types
+        message = _XGRAMMAR_LOCATION.sub("", str(e)).strip()
+        raise ValueError(f"Invalid {spec.kind} for structured outputs: {message}") from None
+
+
+def _build(spec: GrammarSpec) -> xgr.Grammar:
+    if spec.kind == "json":
+        return xgr.Grammar.from_json_schema(spec.value, any_whitespace=spec.any_whitespace, strict_mode=True)
+    if spec.kind == "json_object":
+        return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=spec.any_whitespace)
+    if spec.kind == "regex":
+        return xgr.Grammar.from_regex(spec.value)
+    if spec.kind == "grammar":
+        return xgr.Grammar.from_ebnf(spec.value)
+    if spec.kind == "choice":
+        return xgr.Grammar.from_ebnf(choice_ebnf(json.loads(spec.value)))
+    if spec.kind == "structural_tag":
+        return xgr.Grammar.from_structural_tag(spec.value)
+    raise ValueError(f"Unknown structured output kind {spec.kind!r}.")
+
+
+def choice_ebnf(choices: list[str]) -> str:
+    """An EBNF grammar whose language is exactly the given strings."""
+    # JSON string escapes (\" \\ \n \uXXXX) are the escapes EBNF string literals accept.
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
