@@ -71,7 +71,13 @@ def _serving_state(engine: AsyncLLM, config: ServerConfig) -> ServingState:
     return ServingState(
         engine=engine,
         completion=OpenAIServingCompletion(engine, name),
-        chat=OpenAIServingChat(engine, name, template),
+        chat=OpenAIServingChat(
+            engine,
+            name,
+            template,
+            tool_parser=config.tool_call_parser if config.enable_auto_tool_choice else None,
+            reasoning_parser=config.reasoning_parser,
+        ),
         models=OpenAIServingModels(name, model.model, model.max_model_len),
         tokenization=OpenAIServingTokenization(engine, name, template),
     )

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from folio.entrypoints.openai.protocol.common import SamplingRequest, UsageInfo
 from folio.entrypoints.openai.protocol.completion import FinishReason
+from folio.entrypoints.openai.protocol.tools import DeltaToolCall, ToolCall, ToolChoice, ToolDefinition
 
 # OpenAI's cap on top_logprobs.
 MAX_TOP_LOGPROBS = 20
@@ -39,6 +40,10 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # Tools (serving_chat.py / tool_choice.py): None means "auto" with tools, "none" without.
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = True
 
 
 class ChatTopLogprob(BaseModel):
@@ -60,6 +65,8 @@ class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] = []
+    reasoning_content: str | None = None  # with --reasoning-parser: the model's thinking
 
 
 class ChatChoice(BaseModel):
@@ -90,6 +97,8 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = Field(default=None, exclude_if=_is_none)
     content: str | None = Field(default=None, exclude_if=_is_none)
+    reasoning_content: str | None = Field(default=None, exclude_if=_is_none)
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=_is_none)
 
 
 class ChatStreamChoice(BaseModel):
