@@ -110,15 +110,14 @@ class Request:
     def needs_sync_steps(self) -> bool:
         """Whether each of its steps must wait for the previous one's sampled ids on the host.
 
-        Penalties count the output's token ids on the host, a beam stops after each token
-        until its beam search forks it, and a grammar's next mask depends on the last token:
-        none can be planned around a placeholder. Everything else a step needs (input ids,
-        min_tokens counts, seeds) is known or on the device.
+        Penalties count the output's token ids on the host, and a beam stops after each token
+        until its beam search forks it: neither can be planned around a placeholder. Everything
+        else a step needs (input ids, min_tokens counts, seeds) is known or on the device; a
+        grammar's mask is filled after the previous step's update (engine/llm_engine.py).
         """
         p = self.sampling_params
         return (
             self.pause_after_sample
-            or p.structured_outputs is not None
             or p.repetition_penalty != 1.0
             or p.frequency_penalty != 0.0
             or p.presence_penalty != 0.0

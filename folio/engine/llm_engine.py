@@ -18,6 +18,10 @@ device. What that costs and why it is safe:
   registered only once every token in them is known);
 - requests that need each token on the host before the next step (penalties, beam search:
   Request.needs_sync_steps) make steps synchronous while any is unfinished;
+- structured outputs: a grammar's mask for step N+1 depends on step N's token. When step N+1
+  samples a row with a grammar, its forward pass is launched, then the host waits for step N,
+  advances the grammars with its tokens (update_from_output), and only then fills the masks and
+  launches step N+1's sampling: the forward pass of N+1 still overlaps the host's work on N;
 - when step() returns with nothing left to run, nothing is in flight.
 """
 
@@ -43,7 +47,7 @@ from folio.outputs import RequestOutput
 from folio.sampling_params import SamplingParams
 from folio.structured_output.manager import StructuredOutputManager
 from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
-from folio.worker.model_runner import ModelRunner
+from folio.worker.model_runner import ModelRunner, StagedStep
 from folio.worker.pending_output import PendingOutput
 
 logger = init_logger(__name__)
@@ -192,8 +196,16 @@ class LLMEngine:
             scheduler_output = self.scheduler.schedule()
             return self._finish_step(scheduler_output, self.runner.execute_model(scheduler_output))
         current = self._in_flight or self._launch()
-        self._in_flight = None if self.scheduler.requires_sync_steps else self._launch()
-        outputs = self._finish_step(current[0], current[1].result())
+        self._in_flight, staged = None, None
+        if not self.scheduler.requires_sync_steps:
+            staged = self._launch_forward()
+            if not staged[1].samples_with_grammar:
+                self._in_flight, staged = (staged[0], self.runner.launch_sampling(staged[1])), None
+        try:
+            outputs = self._finish_step(current[0], current[1].result())
+        finally:
+            if staged is not None:  # the grammars have seen the current step's tokens now
+                self._in_flight = (staged[0], self.runner.launch_sampling(staged[1]))
         self._settle_if_idle()
         return outputs
 
@@ -223,6 +235,10 @@ class LLMEngine:
     def _launch(self) -> tuple[SchedulerOutput, PendingOutput]:
         scheduler_output = self.scheduler.schedule()
         return scheduler_output, self.runner.launch(scheduler_output)
+
+    def _launch_forward(self) -> tuple[SchedulerOutput, StagedStep]:
+        scheduler_output = self.scheduler.schedule()
+        return scheduler_output, self.runner.launch_forward(scheduler_output)
 
     def _finish_step(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> list[RequestOutput]:
         """Stop checks, beam search, text and RequestOutputs for one step's sampled tokens."""

@@ -38,7 +38,14 @@ class GrammarMask:
             return None
         host = torch.zeros(len(batch_rows), bitmask_words(vocab_size), dtype=torch.int32)  # [g, words]
         for local, i in enumerate(batch_rows):
-            rows[i].grammar.fill_bitmask(host, local)  # type: ignore[union-attr]
+            grammar = rows[i].grammar
+            assert grammar is not None
+            if grammar.is_terminated():
+                # Async scheduling: the request ended at the previous step and this row's token
+                # will be dropped; allow everything rather than leave a row of -inf.
+                host[local] = -1
+            else:
+                grammar.fill_bitmask(host, local)
         return cls(to_device(batch_rows, torch.int64, device), move(host, device))
 
     def apply(self, logits: torch.Tensor) -> None:

@@ -32,8 +32,8 @@ class SamplingRow:
     generator: torch.Generator | None  # per-request generator when params.seed is set, else None
     # Outputs before the one this step samples (for min_tokens), placeholders included.
     num_output_tokens: int
-    # Structured outputs: fills the row's mask of allowed tokens. Such requests take
-    # synchronous steps (Request.needs_sync_steps), so the state has seen every output token.
+    # Structured outputs: fills the row's mask of allowed tokens. The engine samples such a
+    # step only after the previous step's update, so the state has seen every output token.
     grammar: GrammarState | None = None
 
 
