@@ -216,3 +216,43 @@ def test_params_shape_errors():
         StructuredOutputsConfig.from_value({"backend": "outlines"})
     with pytest.raises(ValueError, match="Unknown"):
         StructuredOutputsConfig.from_value({"backnd": "xgrammar"})
+
+
+# ---- the llguidance backend --------------------------------------------------------------------
+def test_guidance_backend_constrains_the_same_kinds(checkpoint):
+    guided = LLM(model=checkpoint, dtype="float32", device="cpu", max_model_len=512, seed=0,
+                 structured_outputs_config={"backend": "guidance", "disable_any_whitespace": True})
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 5}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["s", "n"], "additionalProperties": False}
+    cases = [
+        (StructuredOutputsParams(json=schema), lambda t: jsonschema.validate(json.loads(t), schema) is None),
+        (StructuredOutputsParams(regex=r"[a-z]{2,4}-\d{2}"), lambda t: re.fullmatch(r"[a-z]{2,4}-\d{2}", t)),
+        (StructuredOutputsParams(choice=["one", "two words"]), lambda t: t in ("one", "two words")),
+        (StructuredOutputsParams(grammar='root ::= "(" num ")"\nnum ::= [1-9] [0-9]?'), lambda t: re.fullmatch(r"\([1-9]\d?\)", t)),
+    ]
+    for constraint, valid in cases:
+        params = SamplingParams(temperature=1.0, n=4, max_tokens=200, structured_outputs=constraint)
+        for c in guided.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs:
+            assert c.finish_reason == "stop" and valid(c.text), (constraint, c.text)
+    with pytest.raises(SamplingParamsError, match="regex"):
+        guided.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(regex="((")), use_tqdm=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_and_async_give_the_cpu_tokens(llm, checkpoint):
+    """On a GPU (CUDA graphs, async scheduling, mask applied on the device) greedy outputs under
+    a grammar are the CPU engine's, and samples still validate."""
+    cuda = LLM(model=checkpoint, dtype="float32", device="cuda", max_model_len=512, seed=0, gpu_memory_utilization=0.3)
+    schema = {"type": "object", "properties": {"k": {"enum": ["a", "b", 3]}, "v": {"type": "array", "items": {"type": "boolean"}, "maxItems": 4}},
+              "required": ["k", "v"], "additionalProperties": False}
+    greedy = SamplingParams(temperature=0, max_tokens=100, structured_outputs=_json(schema))
+    prompts = [f"{p} {i}" for i in range(8) for p in PROMPTS]
+    on_gpu = cuda.generate(prompts, greedy, use_tqdm=False)
+    on_cpu = llm.generate(prompts, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in on_gpu] == [o.outputs[0].token_ids for o in on_cpu]
+    sampled = SamplingParams(temperature=1.0, n=4, max_tokens=200, structured_outputs=_json(schema))
+    for out in cuda.generate(prompts, sampled, use_tqdm=False):
+        for c in out.outputs:
+            assert c.finish_reason == "stop"
+            jsonschema.validate(json.loads(c.text), schema)
