@@ -31,7 +31,10 @@ class GrammarSpec:
         kind = params.kind
         any_whitespace = not (params.disable_any_whitespace or disable_any_whitespace)
         if kind == "json":
-            return cls(kind, json.dumps(parse_json_schema(params.json), sort_keys=True), any_whitespace)
+            schema = parse_json_schema(params.json)
+            if params.disable_additional_properties:
+                schema = _closed_objects(schema)
+            return cls(kind, json.dumps(schema, sort_keys=True), any_whitespace)
         if kind == "json_object":
             return cls(kind, "", any_whitespace)
         if kind == "choice":
@@ -53,3 +56,16 @@ def parse_json_schema(schema: str | dict[str, Any] | None) -> dict[str, Any] | b
     except jsonschema.SchemaError as e:
         raise SamplingParamsError("structured_outputs", f"Invalid JSON schema: {e.message}.") from None
     return schema
+
+
+def _closed_objects(schema: Any) -> Any:
+    """disable_additional_properties: every object schema that does not say otherwise gets
+    additionalProperties false (vLLM's meaning), recursively."""
+    if isinstance(schema, list):
+        return [_closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {k: _closed_objects(v) for k, v in schema.items()}
+    if (closed.get("type") == "object" or "properties" in closed) and "additionalProperties" not in closed:
+        closed["additionalProperties"] = False
+    return closed

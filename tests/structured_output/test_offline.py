@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from folio import LLM, SamplingParams, StructuredOutputsParams
 from folio.config import StructuredOutputsConfig
+from folio.structured_output.spec import GrammarSpec
 from folio.sampling_params import SamplingParamsError
 from tests.helpers.checkpoints import make_tiny_checkpoint
 from tests.helpers.tokenizers import save_test_tokenizer, test_tokenizer
@@ -212,6 +213,8 @@ def test_params_shape_errors():
     with pytest.raises(ValueError, match="not both"):
         SamplingParams(structured_outputs={"regex": "a"}, guided_decoding={"regex": "b"})
     assert SamplingParams(guided_decoding={"choice": ["a"]}).structured_outputs.choice == ["a"]
+    closed = GrammarSpec.from_params(StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "object"}}}, disable_additional_properties=True))
+    assert json.loads(closed.value)["properties"]["a"]["additionalProperties"] is False
     with pytest.raises(ValueError, match="backend"):
         StructuredOutputsConfig.from_value({"backend": "outlines"})
     with pytest.raises(ValueError, match="Unknown"):
