@@ -58,15 +58,16 @@ def _compile_instead_of_launch(arch: int, results: list):
 
 
 def _allow_cpu_stand_ins() -> None:
-    from folio.kernels import activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary
+    from folio.kernels import activation, grammar_mask, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary
 
-    for module in (activation, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary):
+    for module in (activation, grammar_mask, paged_attention, paged_decode, reshape_and_cache, rms_norm, rotary):
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
 
 
 def _launch_all(dtype: torch.dtype) -> list[str]:
     """Call each launcher once per case of interest; returns the case labels in launch order."""
     from folio.kernels.activation import silu_and_mul_triton
+    from folio.kernels.grammar_mask import apply_token_bitmask_triton
     from folio.kernels.paged_attention import unified_attention
     from folio.kernels.paged_decode import paged_decode
     from folio.kernels.reshape_and_cache import reshape_and_cache
@@ -100,6 +101,10 @@ def _launch_all(dtype: torch.dtype) -> list[str]:
     cases.append("16 q + 8 k heads")
     silu_and_mul_triton(torch.zeros(t, 2 * 3072, dtype=dtype))
     cases.append("inter 3072")
+    vocab = 151936  # structured outputs: the grammar mask works on float32 logits whatever the dtype
+    apply_token_bitmask_triton(torch.zeros(t, vocab), torch.zeros(t, (vocab + 31) // 32, dtype=torch.int32),
+                               torch.arange(t))
+    cases.append("grammar mask vocab 151936")
     return cases
 
 

@@ -2,7 +2,7 @@
 
 Each constrained row's grammar fills one row of an int32 bitmask on the host (bit i of word w
 allows token 32 * w + i); the bitmask crosses to the device once per step and is unpacked and
-applied there: forbidden tokens get -inf. Rows without a grammar are not touched.
+applied there in one kernel: forbidden tokens get -inf. Rows without a grammar are not touched.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from folio.kernels.grammar_mask import apply_token_bitmask
 from folio.sample.transfer import move, to_device
 
 if TYPE_CHECKING:
@@ -49,9 +50,9 @@ class GrammarMask:
         return cls(to_device(batch_rows, torch.int64, device), move(host, device))
 
     def apply(self, logits: torch.Tensor) -> None:
-        """Edit logits [rows, vocab] float32 in place: -inf where the row's grammar forbids."""
-        allowed = unpack_bitmask(self.bitmask, logits.shape[1])  # [g, vocab] bool
-        logits[self.rows] = logits[self.rows].masked_fill(~allowed, float("-inf"))
+        """Edit logits [rows, vocab] float32 in place: -inf where the row's grammar forbids
+        (one Triton kernel on CUDA, folio/kernels/grammar_mask.py; its torch reference else)."""
+        apply_token_bitmask(logits, self.bitmask, self.rows)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

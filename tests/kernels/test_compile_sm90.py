@@ -28,6 +28,7 @@ def test_every_kernel_compiles_for_sm90_without_spills():
     assert kernels == {
         "_reshape_and_cache_kernel", "_unified_attention_kernel", "_paged_decode_kernel",
         "_merge_splits_kernel", "_rms_norm_kernel", "_rotary_kernel", "_silu_and_mul_kernel",
+        "_apply_bitmask_kernel",
     }
     for row in rows:
         regs, stack = int(row[-6]), int(row[-5])

@@ -7,6 +7,7 @@ import pytest
 import torch
 import xgrammar as xgr
 
+from folio.kernels.grammar_mask import apply_token_bitmask_reference, apply_token_bitmask_triton
 from folio.sample.grammar_mask import GrammarMask, bitmask_words, unpack_bitmask
 
 
@@ -39,3 +40,16 @@ def test_apply_matches_xgrammar_and_leaves_other_rows(device=torch.device("cpu")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_apply_on_cuda_equals_cpu():
     test_apply_matches_xgrammar_and_leaves_other_rows(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("vocab", [1000, 1024, 2100])
+def test_triton_kernel_equals_reference(vocab):
+    """Through Triton's interpreter on the CPU (on a GPU by the test above at full speed)."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=gen)  # [5, vocab]
+    words = torch.randint(-(2**31), 2**31 - 1, (3, bitmask_words(vocab)), dtype=torch.int32, generator=gen)
+    rows = torch.tensor([4, 0, 2])
+    expected, got = logits.clone(), logits.clone()
+    apply_token_bitmask_reference(expected, words, rows)
+    apply_token_bitmask_triton(got, words, rows)
+    assert torch.equal(got, expected)

@@ -259,3 +259,28 @@ def test_cuda_graphs_and_async_give_the_cpu_tokens(llm, checkpoint):
         for c in out.outputs:
             assert c.finish_reason == "stop"
             jsonschema.validate(json.loads(c.text), schema)
+
+
+def test_grammar_steps_overlap_the_forward_pass_with_the_previous_update(llm):
+    """Async scheduling stays on: step N+1's forward pass is queued before step N's update,
+    and its sampling (which needs the grammar masks) after it."""
+    engine = llm.llm_engine
+    events: list[str] = []
+
+    def logged(name, fn):
+        def call(*args, **kwargs):
+            events.append(name)
+            return fn(*args, **kwargs)
+        return call
+
+    engine.runner.launch_forward = logged("forward", engine.runner.launch_forward)
+    engine.runner.launch_sampling = logged("sampling", engine.runner.launch_sampling)
+    engine.scheduler.update_from_output = logged("update", engine.scheduler.update_from_output)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=40, structured_outputs=StructuredOutputsParams(regex=r"[a-z]{10,20}"))
+        (out,) = llm.generate(PROMPTS[0], params, use_tqdm=False)
+    finally:
+        del engine.runner.launch_forward, engine.runner.launch_sampling, engine.scheduler.update_from_output
+    assert re.fullmatch(r"[a-z]{10,20}", out.outputs[0].text)
+    overlapped = sum(events[i : i + 3] == ["forward", "update", "sampling"] for i in range(len(events) - 2))
+    assert overlapped >= 5, events
