@@ -194,3 +194,17 @@ def test_bad_constraints_are_400(client, kwargs, param):
     if param is not None:
         assert info.value.body["param"] == param
     assert _chat(client, max_tokens=2).choices[0].finish_reason  # the server still serves
+
+
+def test_engine_in_its_own_process_constrains_and_refuses_the_same(tmp_path):
+    """`--engine-process` (the default on a GPU): params cross a process boundary."""
+    path = str(tmp_path / "llama")
+    make_tiny_checkpoint("llama", path)
+    save_test_tokenizer(path)
+    engine = make_engine(path, max_model_len=512, engine_process=True, structured_outputs_config={"disable_any_whitespace": True})
+    with ServerThread(engine, ServerConfig(chat_template=TOOLS_TEMPLATE)) as server, OpenAI(base_url=server.base_url, api_key="x", max_retries=0) as c:
+        r = _chat(c, n=2, tools=TOOLS, tool_choice="required")
+        for choice in r.choices:
+            _check_calls(choice.message.tool_calls)
+        with pytest.raises(openai.BadRequestError):
+            _chat(c, extra_body={"structured_outputs": {"regex": "(("}})
