@@ -45,19 +45,44 @@ class StructuredOutputManager:
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
         self.timer = GrammarTimer()
-        self._backend: GrammarBackend | None = None
+        self._backends: dict[str, GrammarBackend] = {}
+        self._auto_choice: dict[GrammarSpec, str] = {}  # "auto": the backend that took each spec
         self._pool = cf.ThreadPoolExecutor(config.max_compile_threads, thread_name_prefix="folio-grammar")
         self._cache: OrderedDict[GrammarSpec, cf.Future[CompiledGrammar]] = OrderedDict()
         self._parked: list[_Parked] = []
 
     @property
     def backend(self) -> GrammarBackend:
+        """The configured backend ("auto": xgrammar, with guidance for what xgrammar refuses)."""
+        return self._backend_named("xgrammar" if self.config.backend == "auto" else self.config.backend)
+
+    def _backend_named(self, name: str) -> GrammarBackend:
         """Made on first use: engines that never see structured outputs never build one."""
-        if self._backend is None:
+        if name not in self._backends:
             if self.tokenizer is None:
                 raise SamplingParamsError("structured_outputs", "Structured outputs need a tokenizer; this engine has none.")
-            self._backend = make_backend(self.config.backend, self.tokenizer, self.vocab_size, self.stop_token_ids, self.timer)
-        return self._backend
+            self._backends[name] = make_backend(name, self.tokenizer, self.vocab_size, self.stop_token_ids, self.timer)
+        return self._backends[name]
+
+    def _backend_for(self, spec: GrammarSpec) -> GrammarBackend:
+        return self._backend_named(self._auto_choice[spec]) if spec in self._auto_choice else self.backend
+
+    def _check_with_backends(self, spec: GrammarSpec) -> None:
+        """The backend's check; under "auto", a spec xgrammar refuses goes to guidance if
+        guidance takes it (vLLM's fallback), else xgrammar's error stands."""
+        try:
+            self.backend.check(spec)
+        except ValueError:
+            if self.config.backend != "auto":
+                raise
+            try:
+                self._backend_named("guidance").check(spec)
+            except ValueError:
+                pass
+            else:
+                self._auto_choice[spec] = "guidance"
+                return
+            raise
 
     def check(self, params: SamplingParams) -> GrammarSpec | None:
         """The request's GrammarSpec (None without structured outputs); raises
@@ -68,7 +93,7 @@ class StructuredOutputManager:
         if spec in self._cache:
             return spec
         try:
-            self.backend.check(spec)
+            self._check_with_backends(spec)
         except SamplingParamsError:
             raise
         except ValueError as e:
@@ -84,7 +109,7 @@ class StructuredOutputManager:
         if future is not None:
             self._cache.move_to_end(spec)
             return future
-        future = self._pool.submit(self.backend.compile, spec)
+        future = self._pool.submit(self._backend_for(spec).compile, spec)
         self._cache[spec] = future
         if len(self._cache) > MAX_CACHED_GRAMMARS:
             self._cache.popitem(last=False)

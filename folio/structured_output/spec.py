@@ -69,3 +69,25 @@ def _closed_objects(schema: Any) -> Any:
     if (closed.get("type") == "object" or "properties" in closed) and "additionalProperties" not in closed:
         closed["additionalProperties"] = False
     return closed
+
+
+# Keywords whose values are maps from names to schemas (their keys are not keywords).
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def schema_keywords(schema: Any) -> set[str]:
+    """Every keyword used anywhere in a JSON schema (property names are not keywords)."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                found.add(key)
+                if key in _SCHEMA_MAPS and isinstance(value, dict):
+                    stack.extend(value.values())
+                elif key not in ("enum", "const", "default", "examples"):
+                    stack.append(value)
+    return found

@@ -11,7 +11,14 @@ import torch
 import xgrammar as xgr
 
 from folio.structured_output.backend import GrammarTimer
-from folio.structured_output.spec import GrammarSpec
+from folio.structured_output.spec import GrammarSpec, schema_keywords
+
+# Keywords xgrammar 0.2.8 accepts but does not enforce (its grammar is the same without them):
+# refused rather than silently ignored.
+XGRAMMAR_IGNORED_KEYWORDS = frozenset({
+    "uniqueItems", "contains", "propertyNames", "dependentRequired", "dependentSchemas",
+    "if", "then", "else", "unevaluatedProperties", "unevaluatedItems",
+})
 
 
 class XGrammarState:
@@ -63,6 +70,13 @@ class XGrammarBackend:
         self.timer = timer
 
     def check(self, spec: GrammarSpec) -> None:
+        if spec.kind == "json":
+            ignored = sorted(schema_keywords(json.loads(spec.value)) & XGRAMMAR_IGNORED_KEYWORDS)
+            if ignored:
+                raise ValueError(
+                    f"The xgrammar backend cannot enforce JSON schema keyword(s) {', '.join(ignored)}; "
+                    'use structured_outputs_config backend "guidance" or "auto", or drop them.'
+                )
         grammar_of(spec)
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:

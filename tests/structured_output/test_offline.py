@@ -284,3 +284,21 @@ def test_grammar_steps_overlap_the_forward_pass_with_the_previous_update(llm):
     assert re.fullmatch(r"[a-z]{10,20}", out.outputs[0].text)
     overlapped = sum(events[i : i + 3] == ["forward", "update", "sampling"] for i in range(len(events) - 2))
     assert overlapped >= 5, events
+
+
+def test_auto_backend_falls_back_to_guidance_and_unenforceable_keywords_are_refused(llm, checkpoint):
+    """"auto" sends what xgrammar cannot parse to llguidance (vLLM's fallback); a keyword no
+    backend enforces is an error, never a silently looser constraint."""
+    letters = StructuredOutputsParams(regex=r"\p{Lu}{3}")  # xgrammar's regex has no \p classes
+    for c in llm.generate(PROMPTS[0], SamplingParams(temperature=1.0, n=3, max_tokens=20, structured_outputs=letters), use_tqdm=False)[0].outputs:
+        assert c.finish_reason == "stop" and re.fullmatch(r"[^\W\d_]{3}", c.text) and c.text.upper() == c.text
+    strict = LLM(model=checkpoint, dtype="float32", device="cpu", max_model_len=512, seed=0, structured_outputs_config={"backend": "xgrammar"})
+    with pytest.raises(SamplingParamsError, match="regex"):
+        strict.generate("x", SamplingParams(structured_outputs=letters), use_tqdm=False)
+    unique = StructuredOutputsParams(json={"type": "array", "items": {"type": "integer"}, "uniqueItems": True})
+    for engine in (llm, strict):
+        with pytest.raises(SamplingParamsError, match="uniqueItems"):
+            engine.generate("x", SamplingParams(structured_outputs=unique), use_tqdm=False)
+    named_like_keywords = {"type": "object", "properties": {"contains": {"enum": [1, 2]}, "if": {"type": "boolean"}}, "required": ["contains", "if"]}
+    (ok,) = strict.generate("x", SamplingParams(max_tokens=100, structured_outputs=_json(named_like_keywords)), use_tqdm=False)
+    assert set(json.loads(ok.outputs[0].text)) == {"contains", "if"}
