@@ -110,7 +110,7 @@ def _build(spec: GrammarSpec) -> xgr.Grammar:
     if spec.kind == "choice":
         return xgr.Grammar.from_ebnf(choice_ebnf(json.loads(spec.value)))
     if spec.kind == "structural_tag":
-        return xgr.Grammar.from_structural_tag(spec.value)
+        return xgr.Grammar.from_structural_tag(json.dumps(current_structural_tag(json.loads(spec.value))))
     raise ValueError(f"Unknown structured output kind {spec.kind!r}.")
 
 
@@ -118,3 +118,16 @@ def choice_ebnf(choices: list[str]) -> str:
     """An EBNF grammar whose language is exactly the given strings."""
     # JSON string escapes (\" \\ \n \uXXXX) are the escapes EBNF string literals accept.
     return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+def current_structural_tag(tag: Any) -> Any:
+    """vLLM's legacy structural tag ({"structures": [{"begin", "schema", "end"}], "triggers"})
+    in the format xgrammar 0.2 reads ({"format": {"type": "triggered_tags", ...}}); a tag in
+    the current format is returned unchanged."""
+    if not isinstance(tag, dict) or "format" in tag or "structures" not in tag:
+        return tag
+    tags = [
+        {"begin": s.get("begin"), "content": {"type": "json_schema", "json_schema": s.get("schema", {})}, "end": s.get("end")}
+        for s in tag.get("structures") or []
+    ]
+    return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": tag.get("triggers", []), "tags": tags}}

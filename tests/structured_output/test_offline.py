@@ -302,3 +302,16 @@ def test_auto_backend_falls_back_to_guidance_and_unenforceable_keywords_are_refu
     named_like_keywords = {"type": "object", "properties": {"contains": {"enum": [1, 2]}, "if": {"type": "boolean"}}, "required": ["contains", "if"]}
     (ok,) = strict.generate("x", SamplingParams(max_tokens=100, structured_outputs=_json(named_like_keywords)), use_tqdm=False)
     assert set(json.loads(ok.outputs[0].text)) == {"contains", "if"}
+
+
+def test_legacy_structural_tag_compiles_and_constrains_tagged_parts(llm):
+    """vLLM's legacy structural tag is converted to xgrammar 0.2's format; any tagged part the
+    model opens must hold a valid object and close."""
+    inner = {"type": "object", "properties": {"a": {"enum": [1, 2]}}, "required": ["a"], "additionalProperties": False}
+    tag = {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": inner, "end": "</f>"}], "triggers": ["<f>"]}
+    params = SamplingParams(temperature=1.0, n=4, max_tokens=60, structured_outputs=StructuredOutputsParams(structural_tag=json.dumps(tag)))
+    for c in llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs:
+        for part in c.text.split("<f>")[1:]:
+            body, sep, _ = part.partition("</f>")
+            if sep:
+                jsonschema.validate(json.loads(body), inner)
