@@ -15,6 +15,7 @@ import torch
 
 from folio.kernels.grammar_mask import apply_token_bitmask
 from folio.sample.transfer import move, to_device
+from folio.structured_output.backend import GrammarState, fill_bitmasks
 
 if TYPE_CHECKING:
     from folio.sample.metadata import SamplingRow
@@ -38,6 +39,8 @@ class GrammarMask:
         if not batch_rows:
             return None
         host = torch.zeros(len(batch_rows), bitmask_words(vocab_size), dtype=torch.int32)  # [g, words]
+        live: list[GrammarState] = []
+        live_rows: list[int] = []
         for local, i in enumerate(batch_rows):
             grammar = rows[i].grammar
             assert grammar is not None
@@ -46,7 +49,9 @@ class GrammarMask:
                 # will be dropped; allow everything rather than leave a row of -inf.
                 host[local] = -1
             else:
-                grammar.fill_bitmask(host, local)
+                live.append(grammar)
+                live_rows.append(local)
+        fill_bitmasks(live, host, live_rows)
         return cls(to_device(batch_rows, torch.int64, device), move(host, device))
 
     def apply(self, logits: torch.Tensor) -> None:

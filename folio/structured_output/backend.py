@@ -38,6 +38,22 @@ class GrammarState(Protocol):
         """Whether the grammar has ended (its stop token accepted): nothing may follow."""
 
 
+def fill_bitmasks(states: list[GrammarState], bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Fill bitmask[rows[i]] from states[i] for every i: states of a class with a batched fill
+    (a `fill_many(states, bitmask, rows)` static method: xgrammar's runs on several threads)
+    use it, the others fill row by row."""
+    groups: dict[type, list[int]] = {}
+    for i, state in enumerate(states):
+        groups.setdefault(type(state), []).append(i)
+    for cls, members in groups.items():
+        fill_many = getattr(cls, "fill_many", None)
+        if fill_many is not None:
+            fill_many([states[i] for i in members], bitmask, [rows[i] for i in members])
+        else:
+            for i in members:
+                states[i].fill_bitmask(bitmask, rows[i])
+
+
 class CompiledGrammar(Protocol):
     def new_state(self) -> GrammarState: ...
 
