@@ -315,3 +315,42 @@ def test_legacy_structural_tag_compiles_and_constrains_tagged_parts(llm):
             body, sep, _ = part.partition("</f>")
             if sep:
                 jsonschema.validate(json.loads(body), inner)
+
+
+def test_a_compiling_grammar_does_not_stall_other_requests(checkpoint):
+    """Grammars compile on a worker thread: while one is held, an unconstrained request added
+    after it runs to the end; then the constrained one runs."""
+    import threading
+
+    engine = LLM(model=checkpoint, dtype="float32", device="cpu", max_model_len=512, seed=0).llm_engine
+    release = threading.Event()
+    manager = engine.structured_output
+    compile_now = manager.backend.compile
+    manager.backend.compile = lambda spec: (release.wait(60), compile_now(spec))[1]
+    constrained = SamplingParams(temperature=0, max_tokens=30, structured_outputs=StructuredOutputsParams(regex=r"[a-z]{5}"))
+    engine.add_request("slow", PROMPTS[0], constrained)
+    engine.add_request("free", PROMPTS[1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    finished: dict[str, object] = {}
+    while "free" not in finished:
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert "slow" not in finished and manager.has_parked
+    release.set()
+    while "slow" not in finished:
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert re.fullmatch(r"[a-z]{5}", finished["slow"].outputs[0].text)
+
+
+def test_a_compile_failure_fails_that_request_only(checkpoint):
+    llm = LLM(model=checkpoint, dtype="float32", device="cpu", max_model_len=512, seed=0)
+    manager = llm.llm_engine.structured_output
+
+    def broken(spec):
+        raise RuntimeError("backend exploded")
+
+    manager.backend.compile = broken
+    params = SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(regex="[ab]+"))
+    with pytest.raises(ValueError, match="failed to compile: backend exploded"):
+        llm.generate("x", params, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    (ok,) = llm.generate("x", SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(ok.outputs[0].token_ids) == 3
