@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING, Any
 from folio.lora.request import LoRARequest
 from folio.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from folio.pooling_params import PoolingParams
-from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from folio.sampling_params import (
+    BeamSearchParams,
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 from folio.version import __version__
 
 if TYPE_CHECKING:
@@ -50,5 +55,6 @@ __all__ = [
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "StructuredOutputsParams",
     "__version__",
 ]

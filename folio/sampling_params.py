@@ -12,7 +12,7 @@ import enum
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 from typing import Any
 
 # Below this temperature sampling is greedy (argmax), as in vLLM.
@@ -33,6 +33,87 @@ class RequestOutputKind(enum.IntEnum):
     CUMULATIVE = 0  # everything generated so far
     DELTA = 1  # only what is new since the last output
     FINAL_ONLY = 2  # one output, when the request finishes
+
+
+# The constraint kinds of StructuredOutputsParams, exactly one of which a request sets.
+STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Constrain a request's output to a language (vLLM 0.22's names): set exactly one of
+    json (a JSON schema, dict or string), regex, choice (a list of strings), grammar (EBNF),
+    json_object (any JSON object) or structural_tag (xgrammar's structural tag, a JSON string).
+
+    Checked here for shape only; whether the schema, regex or grammar is valid is checked when
+    the request is added (folio/structured_output/), so a bad one fails only that request.
+    """
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) not in (None, False)]
+        if len(kinds) != 1:
+            raise SamplingParamsError(
+                "structured_outputs",
+                "structured_outputs must set exactly one of "
+                f"{', '.join(STRUCTURED_OUTPUT_KINDS)}; got {', '.join(kinds) or 'none'}.",
+            )
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not self.choice or not all(
+                isinstance(c, str) for c in self.choice
+            ):
+                raise SamplingParamsError(
+                    "structured_outputs", "structured_outputs.choice must be a non-empty list of strings."
+                )
+            self.choice = list(self.choice)
+        for name in ("regex", "grammar", "structural_tag"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise SamplingParamsError(
+                    "structured_outputs", f"structured_outputs.{name} must be a non-empty string."
+                )
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise SamplingParamsError(
+                "structured_outputs", "structured_outputs.json must be a JSON schema (dict or string)."
+            )
+        if self.whitespace_pattern is not None:
+            # Neither backend folio runs takes a whitespace regex: refuse rather than ignore it.
+            raise SamplingParamsError(
+                "structured_outputs",
+                "structured_outputs.whitespace_pattern is not supported; use disable_any_whitespace.",
+            )
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: one of STRUCTURED_OUTPUT_KINDS."""
+        return next(k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) not in (None, False))
+
+    @classmethod
+    def from_value(cls, value: Any) -> StructuredOutputsParams:
+        """Accept the params object or its dict form (a request body, vLLM's guided_decoding)."""
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise SamplingParamsError(
+                "structured_outputs", "structured_outputs must be an object of constraint fields."
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise SamplingParamsError(
+                "structured_outputs", f"Unknown structured_outputs field(s): {', '.join(unknown)}."
+            )
+        return cls(**value)
 
 
 @dataclass
@@ -69,12 +150,23 @@ class SamplingParams:
     logits_processors: list[Callable[..., Any]] | None = None
     # Keep only the prompt's last k tokens (-1: the last max_model_len).
     truncate_prompt_tokens: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's older name for structured_outputs (a params object or its dict), folded into it.
+    guided_decoding: InitVar[StructuredOutputsParams | dict[str, Any] | None] = None
     # Filled by the engine, not by users: EOS ids of the model plus stop_token_ids.
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     # Filled by the engine from bad_words (update_from_tokenizer).
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, guided_decoding: Any = None) -> None:
+        if guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise SamplingParamsError(
+                    "guided_decoding", "Set structured_outputs or guided_decoding, not both."
+                )
+            self.structured_outputs = guided_decoding
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
         self.stop = _normalize_stop(self.stop)
         self.stop_token_ids = _normalize_token_list("stop_token_ids", self.stop_token_ids)
         if self.allowed_token_ids is not None:

@@ -6,6 +6,7 @@ from folio.config.engine import EngineConfig
 from folio.config.lora import LoRAConfig
 from folio.config.model import ModelConfig
 from folio.config.scheduler import SchedulerConfig
+from folio.config.structured_outputs import StructuredOutputsConfig
 
 __all__ = [
     "CacheConfig",
@@ -15,5 +16,6 @@ __all__ = [
     "ModelConfig",
     "ParallelConfig",
     "SchedulerConfig",
+    "StructuredOutputsConfig",
     "resolve_device",
 ]

@@ -15,9 +15,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from folio.lora.request import LoRARequest
 from folio.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from folio.structured_output.backend import GrammarState
 
 
 class RequestStatus(enum.IntEnum):
@@ -78,6 +82,10 @@ class Request:
     # Beam search: stop scheduling after each sampled token until forked or finished.
     pause_after_sample: bool = False
     paused: bool = False
+    # Structured outputs: this sample's grammar state, in step with output_token_ids (the
+    # scheduler advances it with each appended token; preemption keeps the outputs, so it
+    # keeps the state too). Set before the request reaches the scheduler.
+    grammar: GrammarState | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -107,7 +115,8 @@ class Request:
 
         Penalties count the output's token ids on the host, and a beam stops after each token
         until its beam search forks it: neither can be planned around a placeholder. Everything
-        else a step needs (input ids, min_tokens counts, seeds) is known or on the device.
+        else a step needs (input ids, min_tokens counts, seeds) is known or on the device; a
+        grammar's mask is filled after the previous step's update (engine/llm_engine.py).
         """
         p = self.sampling_params
         return (

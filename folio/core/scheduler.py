@@ -391,6 +391,10 @@ class Scheduler:
     ) -> tuple[list[int], RequestStatus | None]:
         """Append tokens one by one; tokens after one that stops the request are dropped."""
         for i, token_id in enumerate(token_ids):
+            if request.grammar is not None and not request.grammar.accept_token(token_id):
+                # The mask allowed no token the grammar accepts (e.g. min_tokens banned the
+                # only way to end): keep the output valid, end it before this token.
+                return list(token_ids[:i]), RequestStatus.FINISHED_STOPPED
             request.append_output_token_ids([token_id])
             status = check_stop(request, self.config.max_model_len)
             if status is not None:

@@ -1,5 +1,5 @@
-"""Stop conditions the scheduler applies to a request's tokens: stop tokens, max_tokens and
-max_model_len (stop strings need text: engine/stop_checker.py checks them)."""
+"""Stop conditions the scheduler applies to a request's tokens: stop tokens, a completed
+grammar, max_tokens and max_model_len (stop strings need text: engine/stop_checker.py checks them)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
         # stop_reason names an explicit stop token; EOS is reported as None, like vLLM.
         request.stop_reason = last if last in params.stop_token_ids else None
         return RequestStatus.FINISHED_STOPPED
+    if request.grammar is not None and request.grammar.is_terminated():
+        return RequestStatus.FINISHED_STOPPED  # structured output complete: nothing may follow
     if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
         return RequestStatus.FINISHED_LENGTH_CAPPED
     if request.num_tokens >= max_model_len:

@@ -18,6 +18,7 @@ from folio.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    StructuredOutputsConfig,
     resolve_device,
 )
 from folio.logger import init_logger
@@ -82,6 +83,8 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
     kv_cache_dtype: str = "auto"  # "fp8": e4m3 KV cache, half the bytes per token
+    # vLLM's structured_outputs_config: a dict of StructuredOutputsConfig fields (or the object).
+    structured_outputs_config: dict[str, Any] | StructuredOutputsConfig | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -137,7 +140,9 @@ class EngineArgs:
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}.")
         lora = LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora else None
-        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig(), lora=lora)
+        structured = StructuredOutputsConfig.from_value(self.structured_outputs_config)
+        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig(), lora=lora,
+                            structured_outputs=structured)
 
     def _max_num_batched_tokens(self, max_model_len: int, device: str) -> int:
         if self.max_num_batched_tokens is not None:
@@ -197,6 +202,12 @@ class EngineArgs:
             choices=["auto", "fp8", "fp8_e4m3"],
             help="fp8: store K/V as e4m3 with per-tensor scales (the checkpoint's, else 1.0)",
         )
+        g.add_argument(
+            "--structured-outputs-config",
+            type=_json_object,
+            default=None,
+            help='grammar backend options as JSON, e.g. \'{"backend": "xgrammar"}\' (auto, xgrammar, guidance)',
+        )
         from folio.engine.vllm_cli import add_vllm_flags
 
         add_vllm_flags(parser)  # vLLM's flag names, after folio's own (which take precedence)
@@ -208,3 +219,16 @@ class EngineArgs:
 
         names = cls.field_names() | set(BY_NAME)
         return cls.from_kwargs(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """argparse type of a flag whose value is a JSON object."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value

@@ -18,6 +18,10 @@ device. What that costs and why it is safe:
   registered only once every token in them is known);
 - requests that need each token on the host before the next step (penalties, beam search:
   Request.needs_sync_steps) make steps synchronous while any is unfinished;
+- structured outputs: a grammar's mask for step N+1 depends on step N's token. When step N+1
+  samples a row with a grammar, its forward pass is launched, then the host waits for step N,
+  advances the grammars with its tokens (update_from_output), and only then fills the masks and
+  launches step N+1's sampling: the forward pass of N+1 still overlaps the host's work on N;
 - when step() returns with nothing left to run, nothing is in flight.
 """
 
@@ -45,8 +49,9 @@ from folio.logger import init_logger
 from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
 from folio.sampling_params import SamplingParams
+from folio.structured_output.manager import StructuredOutputManager
 from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
-from folio.worker.model_runner import ModelRunner
+from folio.worker.model_runner import ModelRunner, StagedStep
 from folio.worker.pending_output import PendingOutput
 
 logger = init_logger(__name__)
@@ -116,6 +121,9 @@ class LLMEngine:
         eos = eos_token_ids(self.tokenizer, config.model.generation_config)
         self.input_processor = InputProcessor(config.model, self.tokenizer, eos, max_logprobs)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.structured_output = StructuredOutputManager(
+            config.structured_outputs, self.tokenizer, config.model.vocab_size, eos
+        )
         self.beam_search = BeamSearchManager(self.scheduler, self.tokenizer, eos, config.model.max_model_len)
         self._request_errors: dict[str, Exception] = {}
         self._pooler = None  # worker.pooler.Pooler, made on the first embed()
@@ -164,6 +172,7 @@ class LLMEngine:
             self.beam_search.add(request_id, processed, params, arrival_time, priority)
             return
         self.input_processor.check_params(params, len(processed.token_ids))
+        grammar_spec = self.structured_output.check(params)
         requests = self.input_processor.make_requests(
             request_id, processed, params, arrival_time, priority
         )
@@ -179,6 +188,9 @@ class LLMEngine:
             [r.sampling_params for r in requests],
             requests[0].arrival_time,
         )
+        if grammar_spec is not None:  # to the scheduler once its grammar is compiled
+            self.structured_output.park(request_id, requests, grammar_spec)
+            return
         for request in requests:
             self.scheduler.add_request(request)
 
@@ -187,20 +199,45 @@ class LLMEngine:
         core_ids = self.output_processor.abort_requests(ids)
         self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ABORTED)
         self.beam_search.abort(ids)
+        self.structured_output.abort(ids)
         self._settle_if_idle()  # rather than at the next request's first step
 
     def step(self) -> list[RequestOutput]:
         """The outputs of one step. With async scheduling the next step is running on the
         device when this returns, unless nothing is left to run or a request needs
         synchronous steps."""
+        self._admit_compiled()
         if not self.async_scheduling:
             scheduler_output = self.scheduler.schedule()
             return self._finish_step(scheduler_output, self.runner.execute_model(scheduler_output))
         current = self._in_flight or self._launch()
-        self._in_flight = None if self.scheduler.requires_sync_steps else self._launch()
-        outputs = self._finish_step(current[0], current[1].result())
+        self._in_flight, staged = None, None
+        if not self.scheduler.requires_sync_steps:
+            staged = self._launch_forward()
+            if not staged[1].samples_with_grammar:
+                self._in_flight, staged = (staged[0], self.runner.launch_sampling(staged[1])), None
+        try:
+            outputs = self._finish_step(current[0], current[1].result())
+        finally:
+            if staged is not None:  # the grammars have seen the current step's tokens now
+                self._in_flight = (staged[0], self.runner.launch_sampling(staged[1]))
         self._settle_if_idle()
         return outputs
+
+    def _admit_compiled(self) -> None:
+        """Hand the scheduler the requests whose structured-output grammar is now compiled;
+        fail those whose compile failed. With nothing else to run, wait briefly for one."""
+        manager = self.structured_output
+        if not manager.has_parked:
+            return
+        if self._in_flight is None and not self.scheduler.has_unfinished_requests():
+            manager.wait(timeout=0.05)
+        ready = manager.take_ready()
+        for request in ready.requests:
+            self.scheduler.add_request(request)
+        for request_id, _, error in ready.failed:
+            message = f"The structured output grammar of request {request_id!r} failed to compile: {error}"
+            self.output_processor.fail_request(request_id, ValueError(message))
 
     def _settle_if_idle(self) -> None:
         """With nothing left to run, wait for the step in flight and drop its results (every
@@ -213,6 +250,10 @@ class LLMEngine:
     def _launch(self) -> tuple[SchedulerOutput, PendingOutput]:
         scheduler_output = self.scheduler.schedule()
         return scheduler_output, self.runner.launch(scheduler_output)
+
+    def _launch_forward(self) -> tuple[SchedulerOutput, StagedStep]:
+        scheduler_output = self.scheduler.schedule()
+        return scheduler_output, self.runner.launch_forward(scheduler_output)
 
     def _finish_step(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> list[RequestOutput]:
         """Stop checks, beam search, text and RequestOutputs for one step's sampled tokens."""

@@ -292,6 +292,13 @@ class OutputProcessor:
         self._errors[state.request_id] = (error, [s.request_id for s in state.samples])
         self._forget(state)
 
+    def fail_request(self, request_id: str, error: Exception) -> None:
+        """Fail a request from outside its outputs (its grammar did not compile): raises the
+        error, or with isolate_errors records it for take_errors()."""
+        state = self.requests.get(request_id)
+        if state is not None:
+            self._fail(state, error)
+
     def take_errors(self) -> dict[str, tuple[Exception, list[str]]]:
         """Requests failed since the last call: user id -> (the exception, its core ids)."""
         errors, self._errors = self._errors, {}

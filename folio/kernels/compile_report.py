@@ -60,6 +60,7 @@ def _compile_instead_of_launch(arch: int, results: list):
 def _allow_cpu_stand_ins() -> None:
     from folio.kernels import (
         activation,
+        grammar_mask,
         gumbel_sample,
         lora_expand,
         lora_shrink,
@@ -72,7 +73,7 @@ def _allow_cpu_stand_ins() -> None:
     )
 
     modules = (activation, gumbel_sample, paged_attention, paged_decode, prefill_attention, reshape_and_cache,
-               rms_norm, rotary, lora_shrink, lora_expand)
+               rms_norm, rotary, lora_shrink, lora_expand, grammar_mask)
     for module in modules:
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
 
@@ -80,6 +81,7 @@ def _allow_cpu_stand_ins() -> None:
 def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
     """Call each launcher once per case of interest; returns the case labels in launch order."""
     from folio.kernels.activation import silu_and_mul_triton
+    from folio.kernels.grammar_mask import apply_token_bitmask_triton
     from folio.kernels.paged_attention import unified_attention
     from folio.kernels.paged_decode import paged_decode
     from folio.kernels.reshape_and_cache import reshape_and_cache
@@ -124,6 +126,10 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
         for config in [None, *(PREFILL_SWEEP if sweep else [])]:
             prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1, config=config)
             cases.append(f"prefill {_short(config) or 'default'}")
+    vocab = 151936  # structured outputs: the grammar mask works on float32 logits whatever the dtype
+    apply_token_bitmask_triton(torch.zeros(t, vocab), torch.zeros(t, (vocab + 31) // 32, dtype=torch.int32),
+                               torch.arange(t))
+    cases.append("grammar mask vocab 151936")
     return cases + _launch_lora(dtype)
 
 

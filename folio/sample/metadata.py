@@ -13,9 +13,11 @@ import torch
 
 from folio.sample.constraints import TokenConstraints
 from folio.sample.logits_processors import LogitsProcessors
+from folio.sample.grammar_mask import GrammarMask
 from folio.sample.penalties import PenaltyTensors
 from folio.sample.transfer import to_device
 from folio.sampling_params import SamplingParams
+from folio.structured_output.backend import GrammarState
 
 
 @dataclass
@@ -31,6 +33,9 @@ class SamplingRow:
     generator: torch.Generator | None  # per-request generator when params.seed is set, else None
     # Outputs before the one this step samples (for min_tokens), placeholders included.
     num_output_tokens: int
+    # Structured outputs: fills the row's mask of allowed tokens. The engine samples such a
+    # step only after the previous step's update, so the state has seen every output token.
+    grammar: GrammarState | None = None
 
 
 @dataclass
@@ -52,6 +57,7 @@ class SamplingMetadata:
     constraints: TokenConstraints | None  # allowed_token_ids, min_tokens, logit_bias
     penalties: PenaltyTensors | None
     logits_processors: LogitsProcessors | None = None  # vLLM's per-request callables
+    grammar_mask: GrammarMask | None = None  # structured outputs; applied before everything
 
     @property
     def edits_logits(self) -> bool:
@@ -59,6 +65,7 @@ class SamplingMetadata:
         return any(
             stage is not None
             for stage in (
+                self.grammar_mask,
                 self.constraints,
                 self.logits_processors,
                 self.penalties,
@@ -92,6 +99,7 @@ class SamplingMetadata:
             constraints=TokenConstraints.build(rows, vocab_size, device),
             penalties=PenaltyTensors.build(rows, vocab_size, device),
             logits_processors=LogitsProcessors.build(rows),
+            grammar_mask=GrammarMask.build(rows, vocab_size, device),
         )
         if not all_greedy:
             metadata._fill_random_stages(rows, greedy, vocab_size, device)

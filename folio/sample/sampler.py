@@ -1,8 +1,8 @@
 """Sampler: one step's logits to one token per row, on the logits' device, vLLM v1's order.
 
 1. Log-probs of the raw logits, when some row asked (max over the rows' `logprobs`).
-2. In float32: allowed_token_ids, min_tokens and bad_words bans, logit_bias, vLLM's logits
-   processors (per-request callables), then penalties.
+2. In float32: the structured-output grammar mask, allowed_token_ids, min_tokens and bad_words
+   bans, logit_bias, vLLM's logits processors (per-request callables), then penalties.
 3. Greedy rows take the argmax here (all-greedy batches stop here).
 4. Temperature, min_p, top-k, top-p, then a draw by exponential race.
 
@@ -69,12 +69,15 @@ class Sampler:
         if metadata.max_num_logprobs is not None:
             raw_logprobs = compute_logprobs(logits)  # [rows, vocab]
         owned = (
-            metadata.constraints is not None
+            metadata.grammar_mask is not None
+            or metadata.constraints is not None
             or metadata.logits_processors is not None
             or metadata.penalties is not None
         )
         if owned:
             logits = logits.to(torch.float32, copy=True)  # every stage below edits in place
+            if metadata.grammar_mask is not None:
+                metadata.grammar_mask.apply(logits)
             if metadata.constraints is not None:
                 metadata.constraints.apply(logits)
             if metadata.logits_processors is not None:

@@ -10,6 +10,8 @@ step's, whatever the host has done meanwhile.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from folio.attention import get_attention_backend
@@ -30,6 +32,23 @@ from folio.worker.sampled_ids import DeviceSampledIds
 from folio.worker.step_inputs import PromptLogprobsPlan, StepInputBuilder, StepInputs
 
 logger = init_logger(__name__)
+
+
+@dataclass
+class StagedStep:
+    """A step whose forward pass is queued and whose sampling is not (ModelRunner.launch_forward)."""
+
+    scheduled: list[ScheduledRequest]
+    inputs: StepInputs | None  # None: nothing was scheduled
+    hidden: torch.Tensor | None  # [num_tokens, hidden]
+    pending: PendingOutput
+
+    @property
+    def samples_with_grammar(self) -> bool:
+        """Whether a row it samples has a grammar: its mask must wait for the previous step."""
+        if self.inputs is None:
+            return False
+        return any(self.scheduled[i].request.grammar is not None for i in self.inputs.sampling_batch_indices)
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -170,6 +189,13 @@ class ModelRunner:
         Reads the scheduled requests' state now: call it right after schedule(), before the
         update of any earlier step changes their tokens.
         """
+        return self.launch_sampling(self.launch_forward(scheduler_output))
+
+    @torch.inference_mode()
+    def launch_forward(self, scheduler_output: SchedulerOutput) -> StagedStep:
+        """The first half of launch: block moves and the forward pass. Sampling waits for
+        launch_sampling, so the engine can first bring grammar states up to date with the
+        previous step's tokens (structured outputs under async scheduling)."""
         self._forget(scheduler_output.finished_req_ids)
         self.inputs.forget(scheduler_output.preempted_req_ids)
         self._move_blocks(scheduler_output)
@@ -177,7 +203,7 @@ class ModelRunner:
         pending = PendingOutput([s.request_id for s in scheduled])
         if not scheduled:
             self.last_sampled.record(None, [], [])
-            return pending
+            return StagedStep(scheduled, None, None, pending)
         bucket = self._graph_bucket(scheduler_output)
         inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket)
         if self.lora is not None:
@@ -189,12 +215,20 @@ class ModelRunner:
             hidden = self.graphs.replay(bucket)  # [bucket, hidden]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
+        return StagedStep(scheduled, inputs, hidden, pending)
+
+    @torch.inference_mode()
+    def launch_sampling(self, staged: StagedStep) -> PendingOutput:
+        """The second half of launch: logits, sampling, prompt log-probs, copies to the host."""
+        inputs, hidden, pending = staged.inputs, staged.hidden, staged.pending
+        if inputs is None or hidden is None:
+            return pending
         if inputs.sampling_batch_indices:
-            self._sample(hidden, inputs, scheduled, pending)
+            self._sample(hidden, inputs, staged.scheduled, pending)
         else:
             self.last_sampled.record(None, [], [])
         for plan in inputs.prompt_logprobs_plans:
-            self._score_prompt(hidden, plan, scheduled[plan.batch_index], pending)
+            self._score_prompt(hidden, plan, staged.scheduled[plan.batch_index], pending)
         pending.seal(self.device)
         return pending
 
@@ -249,7 +283,9 @@ class ModelRunner:
                 generator = make_request_generator(params.seed, self.device)
                 self.generators[request.request_id] = generator
         num_outputs = sched.end - request.num_prompt_tokens  # before this one, placeholders included
-        return SamplingRow(params, request.prompt_token_ids, request.output_token_ids, generator, num_outputs)
+        return SamplingRow(
+            params, request.prompt_token_ids, request.output_token_ids, generator, num_outputs, request.grammar
+        )
 
     def _move_blocks(self, scheduler_output: SchedulerOutput) -> None:
         """Swap-outs, copy-on-write copies and swap-ins the scheduler asked for, in that order,

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import math
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from folio.benchmarks.workloads import WORKLOADS, Workload
 
@@ -71,6 +71,8 @@ def _register_throughput(kinds: argparse._SubParsersAction) -> None:
     g.add_argument("--no-floor", action="store_true", help="do not measure the device nor compute the floor")
     g.add_argument("--disable-detokenize", action="store_true", help="folio returns token ids only, no text")
     g.add_argument("--no-warmup", action="store_true", help="time the first generate too")
+    g.add_argument("--structured", default=None, choices=["json-schema"],
+                   help="a JSON schema per request, beside the same batch unconstrained (no peers, no floor)")
     EngineArgs.add_cli_args(p)
     p.set_defaults(run=run_throughput)
 
@@ -88,6 +90,8 @@ def run_throughput(args: argparse.Namespace) -> int:
     if max_len > config.model.max_model_len:
         raise ValueError(f"The workload needs {max_len} tokens of context; the model allows {config.model.max_model_len}.")
     _say(f"workload: {workload.describe()}")
+    if args.structured:
+        return _run_structured(engine_args, config, workload, args)
     peer_workload = workload.head(args.peer_num_requests) if args.peer else None
     limits = None if args.no_floor else _measure(config.device.device)
     if args.temperature < 0:
@@ -119,6 +123,22 @@ def run_throughput(args: argparse.Namespace) -> int:
         report.write_json(args.json_path)
         _say(f"results written to {args.json_path}")
     return 0 if folio.result.ok else 1
+
+
+def _run_structured(engine_args: EngineArgs, config: Any, workload: Workload, args: argparse.Namespace) -> int:
+    from folio.benchmarks.structured import run_structured, with_bench_tokenizer
+
+    engine_args, note = with_bench_tokenizer(engine_args, config.model.model, config.model.vocab_size)
+    if note:
+        _say(note)
+    run = run_structured(engine_args, workload, progress=not args.no_progress)
+    print(run.format_text())
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump({"structured": run.structured.to_dict(), "unconstrained": run.unconstrained.to_dict(),
+                       "grammar_host_ms_per_step": run.grammar_host_ms_per_step, "steps": run.steps,
+                       "mask_device_ms": run.mask_device_ms, "compile_ms_per_schema": run.compile_ms}, f, indent=2)
+    return 0 if run.unconstrained.ok else 1
 
 
 def _workload(args: argparse.Namespace, vocab_size: int | None) -> Workload:

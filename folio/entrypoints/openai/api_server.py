@@ -84,7 +84,14 @@ def _serving_state(engine: AsyncLLM, config: ServerConfig) -> ServingState:
     state = ServingState(
         engine=engine,
         completion=OpenAIServingCompletion(engine, name, models=models),
-        chat=OpenAIServingChat(engine, name, template, models=models),
+        chat=OpenAIServingChat(
+            engine,
+            name,
+            template,
+            models=models,
+            tool_parser=config.tool_call_parser if config.enable_auto_tool_choice else None,
+            reasoning_parser=config.reasoning_parser,
+        ),
         models=models,
         tokenization=OpenAIServingTokenization(engine, name, template, models=models),
         allow_runtime_lora_updating=config.allow_runtime_lora_updating,

@@ -39,6 +39,10 @@ class ServerConfig:
     lora_modules: tuple[LoRAModulePath, ...] = ()  # adapters served from the start (--lora-modules)
     allow_runtime_lora_updating: bool = False  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
     dashboard: bool = True  # /dashboard and /v1/engine/state (docs/dashboard.md)
+    # tool_choice "auto" reads tool calls with this parser (vLLM's flags: both needed).
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None  # fills reasoning_content from <think>...</think>
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -47,6 +51,18 @@ class ServerConfig:
             raise ValueError(f"--max-waiting-requests must be at least 1, got {self.max_waiting_requests}.")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be non-negative, got {self.shutdown_timeout}.")
+        self._check_parsers()
+
+    def _check_parsers(self) -> None:
+        from folio.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
+        from folio.entrypoints.openai.tool_parsers import TOOL_PARSERS
+
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser.")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(f"--tool-call-parser must be one of {', '.join(sorted(TOOL_PARSERS))}, got {self.tool_call_parser!r}.")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"--reasoning-parser must be one of {', '.join(sorted(REASONING_PARSERS))}, got {self.reasoning_parser!r}.")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -65,6 +81,9 @@ class ServerConfig:
             lora_modules=tuple(getattr(args, "lora_modules", None) or ()),
             allow_runtime_lora_updating=getattr(args, "allow_runtime_lora_updating", False),
             dashboard=getattr(args, "dashboard", True),
+            enable_auto_tool_choice=args.enable_auto_tool_choice,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
         )
 
 
@@ -107,6 +126,10 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--dashboard", action=argparse.BooleanOptionalAction, default=d.dashboard,
                    help="serve the live engine view at /dashboard and /v1/engine/state (behind --api-key "
                         "when set; docs/dashboard.md)")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='answer tool_choice "auto" by parsing the model\'s own tool-call format (needs --tool-call-parser)')
+    g.add_argument("--tool-call-parser", default=None, help="hermes, llama3_json or mistral")
+    g.add_argument("--reasoning-parser", default=None, help="qwen3 or deepseek_r1: <think>...</think> becomes reasoning_content")
     EngineArgs.add_cli_args(parser)
     from folio.engine.vllm_cli import group_like_vllm
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from folio.engine.async_llm import RequestStream
+from folio.engine.async_llm import AsyncLLM, RequestStream
+from folio.entrypoints.openai.chat_message import ChatOutputParser, MessageStreamer
 from folio.entrypoints.openai.errors import BadRequestError, from_engine_error, sse_error
 from folio.entrypoints.openai.logprobs import chat_logprobs
 from folio.entrypoints.openai.protocol import (
@@ -26,27 +27,48 @@ from folio.entrypoints.openai.protocol import (
     make_usage,
 )
 from folio.entrypoints.openai.serving_engine import EnginePrompt, OpenAIServing, random_id
+from folio.entrypoints.openai.reasoning_parsers import get_reasoning_parser
+from folio.entrypoints.openai.tool_choice import ToolPlan, constrain_to_tools, plan_tools
+from folio.entrypoints.openai.tool_parsers import get_tool_parser
 from folio.entrypoints.openai.streaming import DONE, ChunkFormat, EventStreamResponse, final_outputs, sse
 from folio.outputs import CompletionOutput, RequestOutput
 from folio.sampling_params import SamplingParams
 
 
 class OpenAIServingChat(OpenAIServing):
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        model_name: str,
+        chat_template: str | None = None,
+        models: OpenAIServingModels | None = None,
+        *,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+    ) -> None:
+        super().__init__(engine, model_name, chat_template, models)
+        # Parser names are checked when the server starts (cli_args.py): bad ones never get here.
+        self.tool_parser = get_tool_parser(tool_parser) if tool_parser else None
+        self.reasoning_parser = get_reasoning_parser(reasoning_parser) if reasoning_parser else None
+
     async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | EventStreamResponse:
         lora = self.check_model(request.model)
         self.check_stream_options(request)
+        plan = plan_tools(request.tools, request.tool_choice, self.tool_parser, request.parallel_tool_calls)
         text = self.render_chat(
             request.messages,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             chat_template_kwargs=request.chat_template_kwargs,
+            tools=[t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None,
         )
         prompt = EnginePrompt(self.encode(text, add_special_tokens=False, param="messages"), text)
         prompt = self.truncate_prompt(prompt, request)
-        params = self._params(request, prompt)
+        params = constrain_to_tools(self._params(request, prompt), plan)
         request_id = random_id("chatcmpl")
         streams = await self.add_requests(request_id, [prompt], [params], request.priority, request.cache_salt, lora)
         call = _Call(request, request_id, int(time.time()), self.response_model(lora))
+        call.parser = ChatOutputParser(plan, self.reasoning_parser)
         if request.stream:
             return EventStreamResponse(self._events(call, streams[0]), streams)
         (output,) = await final_outputs(streams)
@@ -74,16 +96,16 @@ class OpenAIServingChat(OpenAIServing):
 
     # ---- a whole response -----------------------------------------------------------------
     def _response(self, call: _Call, output: RequestOutput) -> ChatCompletionResponse:
-        choices = [
-            ChatChoice(
+        choices = []
+        for c in output.outputs:
+            message, made_calls = _message(call.parser, c.text)
+            choices.append(ChatChoice(
                 index=c.index,
-                message=ChatResponseMessage(content=c.text),
+                message=message,
                 logprobs=self._logprobs(call, c),
-                finish_reason=c.finish_reason,
+                finish_reason=_finish_reason(c.finish_reason, made_calls),
                 stop_reason=c.stop_reason,
-            )
-            for c in output.outputs
-        ]
+            ))
         return ChatCompletionResponse(
             id=call.request_id, created=call.created, model=call.model, choices=choices, usage=_usage(output)
         )
@@ -97,6 +119,7 @@ class OpenAIServingChat(OpenAIServing):
     # ---- a stream of events ---------------------------------------------------------------
     async def _events(self, call: _Call, stream: RequestStream) -> AsyncIterator[str]:
         role_sent: set[int] = set()
+        streamers: dict[int, MessageStreamer] = {}
         completion_tokens = 0
         last: RequestOutput | None = None
         try:
@@ -108,7 +131,11 @@ class OpenAIServingChat(OpenAIServing):
                         role_sent.add(c.index)
                         yield self._event(call, ChatStreamChoice(
                             index=c.index, delta=DeltaMessage(role="assistant", content="")))
-                    choice = self._delta_choice(call, c)
+                    if call.parser.is_plain:
+                        choice = self._delta_choice(call, c)
+                    else:
+                        streamer = streamers.setdefault(c.index, MessageStreamer(call.parser))
+                        choice = self._parsed_delta_choice(call, c, streamer)
                     if choice is not None:
                         yield self._event(call, choice)
             if call.request.include_usage_in_stream and last is not None:
@@ -137,12 +164,44 @@ class OpenAIServingChat(OpenAIServing):
         )
 
 
+    def _parsed_delta_choice(self, call: _Call, c: CompletionOutput, streamer: MessageStreamer) -> ChatStreamChoice | None:
+        """A delta of reasoning, content and tool calls (a reasoning parser or tools in use)."""
+        final = c.finish_reason is not None
+        delta = streamer.feed(c.text, final)
+        logprobs = self._logprobs(call, c)
+        if delta.empty and not c.token_ids and not final and not (logprobs and logprobs.content):
+            return None
+        return ChatStreamChoice(
+            index=c.index,
+            delta=DeltaMessage(content=delta.content, reasoning_content=delta.reasoning, tool_calls=delta.tool_calls),
+            logprobs=logprobs,
+            finish_reason=_finish_reason(c.finish_reason, streamer.made_calls),
+            stop_reason=c.stop_reason,
+        )
+
+
+def _message(parser: ChatOutputParser, text: str) -> tuple[ChatResponseMessage, bool]:
+    """The assistant message for a finished text, and whether it holds tool calls."""
+    if parser.is_plain:
+        return ChatResponseMessage(content=text), False
+    parsed = parser.parse(text, final=True)
+    calls = parsed.tool_calls()
+    content = parsed.content or (None if calls else "")
+    return ChatResponseMessage(content=content, tool_calls=calls, reasoning_content=parsed.reasoning), bool(calls)
+
+
+def _finish_reason(reason: str | None, made_calls: bool) -> str | None:
+    """A reply that ended normally with tool calls finishes with "tool_calls", as in OpenAI."""
+    return "tool_calls" if reason == "stop" and made_calls else reason
+
+
 class _Call:
     def __init__(self, request: ChatCompletionRequest, request_id: str, created: int, model: str) -> None:
         self.request = request
         self.request_id = request_id
         self.created = created
         self.model = model
+        self.parser = ChatOutputParser(ToolPlan("none"), None)
         self.chunks = ChunkFormat(request_id, "chat.completion.chunk", created, model, request.include_usage_in_stream)
 
 

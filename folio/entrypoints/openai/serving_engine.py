@@ -170,6 +170,7 @@ class OpenAIServing:
         add_generation_prompt: bool,
         continue_final_message: bool,
         chat_template_kwargs: dict[str, Any] | None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         kwargs = dict(chat_template_kwargs or {})
         reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
@@ -183,6 +184,7 @@ class OpenAIServing:
                 messages,
                 add_generation_prompt=add_generation_prompt and not continue_final_message,
                 continue_final_message=continue_final_message,
+                tools=tools,
                 bos_token=getattr(self.tokenizer, "bos_token", None),
                 eos_token=getattr(self.tokenizer, "eos_token", None),
                 **kwargs,

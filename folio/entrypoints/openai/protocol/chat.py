@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from folio.entrypoints.openai.protocol.common import SamplingRequest, UsageInfo
 from folio.entrypoints.openai.protocol.completion import FinishReason
+from folio.entrypoints.openai.protocol.tools import DeltaToolCall, ToolCall, ToolChoice, ToolDefinition
 from folio.entrypoints.openai.protocol.unsupported import UnsupportedChatFields
 
 # OpenAI's cap on top_logprobs.
@@ -40,6 +41,10 @@ class ChatCompletionRequest(SamplingRequest, UnsupportedChatFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # Tools (serving_chat.py / tool_choice.py): None means "auto" with tools, "none" without.
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = True
 
 
 class ChatTopLogprob(BaseModel):
@@ -61,6 +66,8 @@ class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] = []
+    reasoning_content: str | None = None  # with --reasoning-parser: the model's thinking
 
 
 class ChatChoice(BaseModel):
@@ -91,6 +98,8 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = Field(default=None, exclude_if=_is_none)
     content: str | None = Field(default=None, exclude_if=_is_none)
+    reasoning_content: str | None = Field(default=None, exclude_if=_is_none)
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=_is_none)
 
 
 class ChatStreamChoice(BaseModel):

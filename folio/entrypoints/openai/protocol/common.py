@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from folio.entrypoints.openai.protocol.structured import StructuredOutputFields
 from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, SamplingParamsError
 
 # OpenAI's own cap on choices per request; it also bounds the work one request can ask for.
@@ -126,8 +127,9 @@ _NOT_WITH_BEAMS: dict[str, tuple[Any, ...]] = {
 }
 
 
-class SamplingRequest(OpenAIBaseModel):
-    """Fields that completions and chat share: OpenAI's, then vLLM's extras."""
+class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
+    """Fields that completions and chat share: OpenAI's, then vLLM's extras (structured outputs:
+    protocol/structured.py)."""
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -166,6 +168,8 @@ class SamplingRequest(OpenAIBaseModel):
         for name, neutral in _NOT_WITH_BEAMS.items():
             if getattr(self, name) not in neutral:
                 raise SamplingParamsError(name, f"{name} cannot be used with use_beam_search.")
+        if self.structured_outputs_params() is not None:
+            raise SamplingParamsError("use_beam_search", "Structured outputs cannot be used with use_beam_search.")
         return BeamSearchParams(
             beam_width=self.n,
             max_tokens=max_tokens,
@@ -213,6 +217,7 @@ class SamplingRequest(OpenAIBaseModel):
             allowed_token_ids=self.allowed_token_ids,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=self.structured_outputs_params(),
         )
 
     @property

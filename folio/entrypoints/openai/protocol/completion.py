@@ -15,7 +15,7 @@ Prompt = (
     | Annotated[list[TokenId], Field(min_length=1)]
     | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
 )
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
 class CompletionRequest(SamplingRequest):

@@ -1,0 +1,97 @@
+"""ChatOutputParser: an assistant's text as OpenAI's message parts — reasoning_content, content
+and tool_calls — whole, or as the deltas of a stream.
+
+Reasoning is split off first (a --reasoning-parser), then the rest goes to the request's
+ToolPlan. Streaming re-parses the whole text at each step and sends what grew: the parsers
+guarantee that reasoning, content and each call's arguments only grow by appending.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from folio.entrypoints.openai.protocol.tools import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
+from folio.entrypoints.openai.reasoning_parsers import ReasoningParser
+from folio.entrypoints.openai.tool_choice import ToolPlan
+from folio.entrypoints.openai.tool_parsers import ParsedCall
+
+
+def tool_call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+@dataclass
+class ParsedMessage:
+    reasoning: str | None
+    content: str
+    calls: list[ParsedCall]
+
+    def tool_calls(self) -> list[ToolCall]:
+        return [ToolCall(id=tool_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in self.calls]
+
+
+class ChatOutputParser:
+    def __init__(self, plan: ToolPlan, reasoning: ReasoningParser | None) -> None:
+        self.plan = plan
+        # A constrained output is the grammar's language: no <think> in it to split off.
+        self.reasoning = reasoning if plan.schema is None else None
+
+    @property
+    def is_plain(self) -> bool:
+        """Whether the text is the content, unchanged (no reasoning parser, no tools)."""
+        return self.reasoning is None and self.plan.mode == "none"
+
+    def parse(self, text: str, final: bool) -> ParsedMessage:
+        reasoning, rest = (None, text) if self.reasoning is None else self.reasoning.split(text, final)
+        content, calls = self.plan.parse(rest, final)
+        return ParsedMessage(reasoning, content, calls)
+
+
+@dataclass
+class MessageDelta:
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[DeltaToolCall] | None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.reasoning or self.content or self.tool_calls)
+
+
+class MessageStreamer:
+    """One choice's stream: feed the new text of each output, get what the message gained."""
+
+    def __init__(self, parser: ChatOutputParser) -> None:
+        self.parser = parser
+        self.text = ""
+        self.sent_reasoning = 0
+        self.sent_content = 0
+        self.call_ids: list[str] = []
+        self.sent_arguments: list[int] = []
+
+    @property
+    def made_calls(self) -> bool:
+        return bool(self.call_ids)
+
+    def feed(self, new_text: str, final: bool) -> MessageDelta:
+        self.text += new_text
+        parsed = self.parser.parse(self.text, final)
+        reasoning = (parsed.reasoning or "")[self.sent_reasoning :]
+        content = parsed.content[self.sent_content :]
+        self.sent_reasoning += len(reasoning)
+        self.sent_content += len(content)
+        deltas = [d for i, call in enumerate(parsed.calls) if (d := self._call_delta(i, call)) is not None]
+        return MessageDelta(reasoning or None, content or None, deltas or None)
+
+    def _call_delta(self, index: int, call: ParsedCall) -> DeltaToolCall | None:
+        if index == len(self.call_ids):  # a new call: id, type and name first
+            self.call_ids.append(tool_call_id())
+            self.sent_arguments.append(len(call.arguments))
+            function = DeltaFunctionCall(name=call.name, arguments=call.arguments)
+            return DeltaToolCall(index=index, id=self.call_ids[index], type="function", function=function)
+        grown = call.arguments[self.sent_arguments[index] :]
+        if not grown:
+            return None
+        self.sent_arguments[index] += len(grown)
+        return DeltaToolCall(index=index, function=DeltaFunctionCall(arguments=grown))

@@ -1,0 +1,164 @@
+"""StructuredOutputManager: requests wait here while their grammar compiles off the step loop.
+
+A request with structured outputs is checked when it is added (`check`: a bad schema, regex or
+grammar is a ValueError before anything is queued), then parked here while a worker thread
+compiles its grammar; compiled grammars are cached by GrammarSpec, so the second request with
+the same schema waits for nothing. Each step the engine takes the requests whose grammar is
+ready, gives each sample its own GrammarState and hands them to the scheduler: a request never
+blocks the step loop or the requests already running.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from folio.config.structured_outputs import StructuredOutputsConfig
+from folio.core.request import Request
+from folio.sampling_params import SamplingParams, SamplingParamsError
+from folio.structured_output.backend import CompiledGrammar, GrammarBackend, GrammarTimer
+from folio.structured_output.spec import GrammarSpec
+
+# Compiled grammars kept for reuse; a few MB at most for typical tool schemas.
+MAX_CACHED_GRAMMARS = 512
+
+
+@dataclass
+class _Parked:
+    request_id: str  # the user's request id
+    requests: list[Request]  # its samples, in scheduling order (n > 1: parent first)
+    compiled: cf.Future[CompiledGrammar]
+
+
+@dataclass
+class ReadyGrammars:
+    requests: list[Request]  # grammar attached: hand them to the scheduler
+    failed: list[tuple[str, list[str], Exception]]  # user id, core ids, why the compile failed
+
+
+class StructuredOutputManager:
+    def __init__(self, config: StructuredOutputsConfig, tokenizer: Any, vocab_size: int, stop_token_ids: set[int]) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = stop_token_ids
+        self.timer = GrammarTimer()
+        self._backends: dict[str, GrammarBackend] = {}
+        self._auto_choice: dict[GrammarSpec, str] = {}  # "auto": the backend that took each spec
+        self._pool = cf.ThreadPoolExecutor(config.max_compile_threads, thread_name_prefix="folio-grammar")
+        self._cache: OrderedDict[GrammarSpec, cf.Future[CompiledGrammar]] = OrderedDict()
+        self._parked: list[_Parked] = []
+
+    @property
+    def backend(self) -> GrammarBackend:
+        """The configured backend ("auto": xgrammar, with guidance for what xgrammar refuses)."""
+        return self._backend_named("xgrammar" if self.config.backend == "auto" else self.config.backend)
+
+    def _backend_named(self, name: str) -> GrammarBackend:
+        """Made on first use: engines that never see structured outputs never build one."""
+        if name not in self._backends:
+            if self.tokenizer is None:
+                raise SamplingParamsError("structured_outputs", "Structured outputs need a tokenizer; this engine has none.")
+            self._backends[name] = make_backend(name, self.tokenizer, self.vocab_size, self.stop_token_ids, self.timer)
+        return self._backends[name]
+
+    def _backend_for(self, spec: GrammarSpec) -> GrammarBackend:
+        return self._backend_named(self._auto_choice[spec]) if spec in self._auto_choice else self.backend
+
+    def _check_with_backends(self, spec: GrammarSpec) -> None:
+        """The backend's check; under "auto", a spec xgrammar refuses goes to guidance if
+        guidance takes it (vLLM's fallback), else xgrammar's error stands."""
+        try:
+            self.backend.check(spec)
+        except ValueError:
+            if self.config.backend != "auto":
+                raise
+            try:
+                self._backend_named("guidance").check(spec)
+            except ValueError:
+                pass
+            else:
+                self._auto_choice[spec] = "guidance"
+                return
+            raise
+
+    def check(self, params: SamplingParams) -> GrammarSpec | None:
+        """The request's GrammarSpec (None without structured outputs); raises
+        SamplingParamsError (a ValueError, param "structured_outputs") if it is invalid."""
+        if params.structured_outputs is None:
+            return None
+        spec = GrammarSpec.from_params(params.structured_outputs, self.config.disable_any_whitespace)
+        if spec in self._cache:
+            return spec
+        try:
+            self._check_with_backends(spec)
+        except SamplingParamsError:
+            raise
+        except ValueError as e:
+            raise SamplingParamsError("structured_outputs", str(e)) from None
+        return spec
+
+    def park(self, request_id: str, requests: list[Request], spec: GrammarSpec) -> None:
+        """Hold the samples of one request until their grammar is compiled."""
+        self._parked.append(_Parked(request_id, requests, self._compile(spec)))
+
+    def _compile(self, spec: GrammarSpec) -> cf.Future[CompiledGrammar]:
+        future = self._cache.get(spec)
+        if future is not None:
+            self._cache.move_to_end(spec)
+            return future
+        future = self._pool.submit(self._backend_for(spec).compile, spec)
+        self._cache[spec] = future
+        if len(self._cache) > MAX_CACHED_GRAMMARS:
+            self._cache.popitem(last=False)
+        return future
+
+    def take_ready(self) -> ReadyGrammars:
+        """Requests whose compile finished, each sample with a fresh GrammarState."""
+        ready = ReadyGrammars([], [])
+        still: list[_Parked] = []
+        for parked in self._parked:
+            if not parked.compiled.done():
+                still.append(parked)
+                continue
+            error = parked.compiled.exception()
+            if error is not None:
+                ready.failed.append((parked.request_id, [r.request_id for r in parked.requests], error))
+                continue
+            compiled = parked.compiled.result()
+            for request in parked.requests:
+                request.grammar = compiled.new_state()
+            ready.requests.extend(parked.requests)
+        self._parked = still
+        return ready
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Forget parked requests (by user id) that were aborted before their grammar was ready."""
+        gone = set(request_ids)
+        self._parked = [p for p in self._parked if p.request_id not in gone]
+
+    @property
+    def has_parked(self) -> bool:
+        return bool(self._parked)
+
+    def wait(self, timeout: float) -> None:
+        """Block until some parked grammar is compiled, at most timeout seconds (an engine
+        with nothing else to run waits here instead of spinning)."""
+        if self._parked:
+            cf.wait([p.compiled for p in self._parked], timeout=timeout, return_when=cf.FIRST_COMPLETED)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def make_backend(name: str, tokenizer: Any, vocab_size: int, stop_token_ids: set[int], timer: GrammarTimer) -> GrammarBackend:
+    """The backend a config names; "auto" is xgrammar, as in vLLM."""
+    if name == "guidance":
+        from folio.structured_output.guidance_backend import GuidanceBackend
+
+        return GuidanceBackend(tokenizer, vocab_size, stop_token_ids, timer)
+    from folio.structured_output.xgrammar_backend import XGrammarBackend
+
+    return XGrammarBackend(tokenizer, vocab_size, stop_token_ids, timer)

@@ -1,0 +1,93 @@
+"""GrammarSpec: one request's constraint in a hashable form, the key grammars are cached by.
+
+Also the checks that need no tokenizer and no backend: a JSON schema must parse and pass its
+meta-schema (jsonschema), so a bad schema is the caller's error (ValueError, HTTP 400) before
+any backend sees it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from folio.sampling_params import SamplingParamsError, StructuredOutputsParams
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    kind: str  # one of sampling_params.STRUCTURED_OUTPUT_KINDS
+    # The constraint as text: a JSON schema (canonical JSON), a regex, an EBNF grammar, a
+    # structural tag, or the JSON list of choices; "" for json_object.
+    value: str
+    any_whitespace: bool = True  # JSON kinds: whether free whitespace may appear between tokens
+
+    @classmethod
+    def from_params(cls, params: StructuredOutputsParams, disable_any_whitespace: bool = False) -> GrammarSpec:
+        """The spec of a request's StructuredOutputsParams; raises SamplingParamsError when the
+        JSON schema is not valid JSON or not a valid schema."""
+        kind = params.kind
+        any_whitespace = not (params.disable_any_whitespace or disable_any_whitespace)
+        if kind == "json":
+            schema = parse_json_schema(params.json)
+            if params.disable_additional_properties:
+                schema = _closed_objects(schema)
+            return cls(kind, json.dumps(schema, sort_keys=True), any_whitespace)
+        if kind == "json_object":
+            return cls(kind, "", any_whitespace)
+        if kind == "choice":
+            return cls(kind, json.dumps(params.choice), any_whitespace)
+        return cls(kind, getattr(params, kind), any_whitespace)
+
+
+def parse_json_schema(schema: str | dict[str, Any] | None) -> dict[str, Any] | bool:
+    """The schema as an object, checked against its meta-schema; SamplingParamsError if not."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise SamplingParamsError("structured_outputs", f"The JSON schema is not valid JSON: {e}.") from None
+    if not isinstance(schema, (dict, bool)):
+        raise SamplingParamsError("structured_outputs", "A JSON schema must be an object.")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise SamplingParamsError("structured_outputs", f"Invalid JSON schema: {e.message}.") from None
+    return schema
+
+
+def _closed_objects(schema: Any) -> Any:
+    """disable_additional_properties: every object schema that does not say otherwise gets
+    additionalProperties false (vLLM's meaning), recursively."""
+    if isinstance(schema, list):
+        return [_closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {k: _closed_objects(v) for k, v in schema.items()}
+    if (closed.get("type") == "object" or "properties" in closed) and "additionalProperties" not in closed:
+        closed["additionalProperties"] = False
+    return closed
+
+
+# Keywords whose values are maps from names to schemas (their keys are not keywords).
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def schema_keywords(schema: Any) -> set[str]:
+    """Every keyword used anywhere in a JSON schema (property names are not keywords)."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                found.add(key)
+                if key in _SCHEMA_MAPS and isinstance(value, dict):
+                    stack.extend(value.values())
+                elif key not in ("enum", "const", "default", "examples"):
+                    stack.append(value)
+    return found
