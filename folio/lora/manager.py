@@ -44,6 +44,7 @@ class LoRAManager:
         self.targets: dict[str, LoRATarget] = {}  # PEFT module name -> where it lands
         self.cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()  # id -> adapter, least recent first
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # id -> slot, least recent first
+        self.slot_request: dict[int, LoRARequest] = {}  # id -> the adapter its slot holds
         self.num_slot_loads = 0  # adapters copied into a slot since start
 
     # ---- the model ----------------------------------------------------------------------------
@@ -68,15 +69,17 @@ class LoRAManager:
     # ---- adapters on the CPU ------------------------------------------------------------------
     def add_adapter(self, request: LoRARequest) -> LoRAAdapter:
         """The adapter's CPU copy, read from its folder if not cached (ValueError if unusable)."""
-        cached = self.cpu.get(request.lora_int_id)
-        if cached is not None:
-            if cached.request.lora_name != request.lora_name or cached.request.lora_path != request.lora_path:
-                raise ValueError(
-                    f"lora_int_id {request.lora_int_id} is already used by adapter "
-                    f"{cached.request.lora_name!r} ({cached.request.lora_path}); each adapter needs its own id."
-                )
+        # An id names one adapter while it is held anywhere: a slot outlives its CPU copy.
+        held = self.cpu.get(request.lora_int_id)
+        known = held.request if held is not None else self.slot_request.get(request.lora_int_id)
+        if known is not None and (known.lora_name, known.lora_path) != (request.lora_name, request.lora_path):
+            raise ValueError(
+                f"lora_int_id {request.lora_int_id} is already used by adapter "
+                f"{known.lora_name!r} ({known.lora_path}); each adapter needs its own id."
+            )
+        if held is not None:
             self.cpu.move_to_end(request.lora_int_id)
-            return cached
+            return held
         adapter = load_adapter(request, self.targets, self.config.max_lora_rank, self.dtype)
         self.cpu[request.lora_int_id] = adapter
         while len(self.cpu) > self.config.cpu_capacity:
@@ -90,6 +93,7 @@ class LoRAManager:
         """Forget an adapter (unload): its CPU copy and its slot. False if it was not loaded."""
         found = self.cpu.pop(lora_int_id, None) is not None
         slot = self.slot_of.pop(lora_int_id, None)
+        self.slot_request.pop(lora_int_id, None)
         if slot is not None:
             for layer in self.layers.values():
                 layer.clear_slot(slot)
@@ -118,6 +122,7 @@ class LoRAManager:
             if slot not in used:
                 return slot
         victim = next(lora_id for lora_id in self.slot_of if lora_id not in keep)  # least recent
+        self.slot_request.pop(victim, None)
         return self.slot_of.pop(victim)
 
     def _load_into_slot(self, request: LoRARequest, slot: int) -> None:
@@ -125,6 +130,7 @@ class LoRAManager:
         for name, layer in self.layers.items():
             layer.set_slot(slot, adapter, name.rpartition(".")[0])
         self.slot_of[request.lora_int_id] = slot
+        self.slot_request[request.lora_int_id] = adapter.request
         self.num_slot_loads += 1
 
     def prepare_step(self, scheduled: list[ScheduledRequest], padded_tokens: int) -> LoRAMapping:
