@@ -4,7 +4,8 @@
   LoRALinear around it, once, after the weights are loaded.
 - `add_adapter(request)` reads and checks a PEFT folder into the CPU cache (ValueError for a bad
   adapter: the engine calls it when a request arrives, so a bad adapter is the request's error,
-  never the step's). A CPU copy pushed out of the LRU is read from its folder again when needed.
+  never the step's). The LRU never pushes out the copy of an adapter that unfinished requests
+  use (`in_use`); a copy pushed out is read from its folder again when a new request needs it.
 - `activate(requests)` puts a step's adapters into slots: those already in one stay, the others
   take a free slot or the least recently used one not needed this step. The scheduler never
   mixes more than max_loras adapters in a step (core/lora_slots.py), so a slot always exists.
@@ -17,7 +18,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -46,6 +47,8 @@ class LoRAManager:
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # id -> slot, least recent first
         self.slot_request: dict[int, LoRARequest] = {}  # id -> the adapter its slot holds
         self.num_slot_loads = 0  # adapters copied into a slot since start
+        # The ids unfinished requests use (the engine sets it): their CPU copies are kept.
+        self.in_use: Callable[[], set[int]] = set
 
     # ---- the model ----------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> None:
@@ -82,12 +85,22 @@ class LoRAManager:
             return held
         adapter = load_adapter(request, self.targets, self.config.max_lora_rank, self.dtype)
         self.cpu[request.lora_int_id] = adapter
-        while len(self.cpu) > self.config.cpu_capacity:
-            evicted, _ = self.cpu.popitem(last=False)
-            logger.debug("LoRA: adapter id %d dropped from the CPU cache", evicted)
+        self._trim_cpu_cache(keep=request.lora_int_id)  # its request is not queued yet
         logger.info("LoRA: loaded adapter %r (id %d, rank %d, %d modules)", request.lora_name,
                     request.lora_int_id, adapter.rank, len(adapter.modules))
         return adapter
+
+    def _trim_cpu_cache(self, keep: int) -> None:
+        """Drop least recent CPU copies past max_cpu_loras, but none that unfinished requests
+        use: their slot is filled from it later, and a folder read then (gone or changed since)
+        would fail the whole step. While they run the cache may hold more than max_cpu_loras."""
+        excess = len(self.cpu) - self.config.cpu_capacity
+        if excess <= 0:
+            return
+        in_use = self.in_use() | {keep}
+        for lora_id in [i for i in self.cpu if i not in in_use][:excess]:
+            del self.cpu[lora_id]
+            logger.debug("LoRA: adapter id %d dropped from the CPU cache", lora_id)
 
     def remove_adapter(self, lora_int_id: int) -> bool:
         """Forget an adapter (unload): its CPU copy and its slot. False if it was not loaded."""

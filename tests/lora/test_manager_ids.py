@@ -30,3 +30,19 @@ def test_an_id_still_in_a_slot_is_not_taken_by_another_adapter(tmp_path):
         manager.add_adapter(LoRARequest("c", 1, str(tmp_path / "c")))
     manager.add_adapter(first)  # the same adapter again is fine
     assert manager.activate([first]) == {1: 0}
+
+
+def test_the_cpu_cache_keeps_adapters_in_use_and_the_newest(tmp_path):
+    for name in ("a", "b", "c", "d"):
+        _write(tmp_path / name)
+    manager = _manager()
+    manager.in_use = lambda: {1}
+    manager.add_adapter(LoRARequest("a", 1, str(tmp_path / "a")))
+    manager.add_adapter(LoRARequest("b", 2, str(tmp_path / "b")))  # over capacity: a is in use
+    assert list(manager.cpu) == [1, 2]
+    manager.in_use = lambda: {1, 2}
+    manager.add_adapter(LoRARequest("c", 3, str(tmp_path / "c")))
+    assert list(manager.cpu) == [1, 2, 3]
+    manager.in_use = set  # all finished: the next load trims the cache back to max_cpu_loras
+    manager.add_adapter(LoRARequest("d", 4, str(tmp_path / "d")))
+    assert list(manager.cpu) == [4]
