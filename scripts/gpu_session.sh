@@ -32,10 +32,11 @@ serve|serve-sync|serve-process) part $p
   case $p in serve) EXTRA="";; serve-sync) EXTRA="--no-async-scheduling";; serve-process) EXTRA="--engine-process";; esac
   PORT=18123
   timeout 200 python3 -m folio serve --model $QWEN $COMMON --served-model-name qwen3-0.6b --port $PORT $EXTRA > "$OUT/$p.log" 2>&1 &
+  SERVER_PID=$!  # timeout's PID: it passes the TERM below on to the server
   timeout 190 python3 -m folio bench serve --base-url http://127.0.0.1:$PORT --model qwen3-0.6b --workload w1 \
     --ready-timeout 120 --no-progress --json "$OUT/$p-qwen3-0.6b-w1.json" 2>&1 | grep -E "wait|duration|Output token|TTFT|ITL|Failed"
   python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/metrics').text)" | grep -E "^folio:engine_step"
-  pkill -f "folio serve" ; sleep 3; grep -E "ready in|ERROR|Traceback" "$OUT/$p.log" | head -5 ;;
+  kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; grep -E "ready in|ERROR|Traceback" "$OUT/$p.log" | head -5 ;;
 prefix) part prefix
   timeout 150 python3 -m folio.benchmarks.prefix_caching --model $QWEN --load-format dummy --dtype bfloat16 \
     --num-prompts 256 --json "$OUT/prefix.json" 2>&1 | tail -25 ;;

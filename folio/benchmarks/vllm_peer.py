@@ -4,7 +4,9 @@ The child (`python -m folio.benchmarks.vllm_peer JOB.json RESULT.json`) imports 
 no folio module beyond this file, so vLLM gets its own CUDA context; the benchmarks run it before
 folio builds its engine, and its exit frees the whole device for folio. vLLM runs at its defaults except what a token-id benchmark needs:
 `skip_tokenizer_init=True` (no tokenizer in a config-only folder), `load_format="dummy"` when
-folio used random weights, prompts as `{"prompt_token_ids": ...}`, `detokenize=False`, EOS ignored.
+folio used random weights, prompts as `{"prompt_token_ids": ...}`, `detokenize=False`, EOS ignored,
+and the engine arguments the user set that vLLM names alike (SHARED_ENGINE_ARGS); any other
+argument set is folio's alone, and the benchmark says so rather than drop it silently.
 
 A job is a list of timed calls (`TimedCall`): each is one `LLM.generate` of its prompts, repeated
 `repeat` times after one untimed warm-up call of the same shape; the result gives each
@@ -21,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 DEFAULT_SITE = "/tmp/vsite"
@@ -67,6 +69,26 @@ class VllmJob:
     max_model_len: int | None
     seed: int
     calls: list[TimedCall]
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # set by the user, same name in vLLM
+
+
+# folio engine arguments vLLM's LLM takes under the same name and meaning: passed on when the
+# user set them. model, dtype, seed, max_model_len and load_format travel as VllmJob's fields.
+SHARED_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "enforce_eager",
+                      "enable_prefix_caching", "enable_chunked_prefill", "block_size", "quantization",
+                      "num_gpu_blocks_override", "max_logprobs", "scheduling_policy")
+JOB_ENGINE_ARGS = ("model", "tokenizer", "served_model_name", "dtype", "seed", "max_model_len", "device",
+                   "load_format")
+
+
+def split_engine_args(engine_args: Any) -> tuple[dict[str, Any], list[str]]:
+    """(what the peer gets, what it cannot get) of the engine arguments that differ from the
+    defaults: the shared ones pass on, the others are folio's only and named to the user."""
+    defaults = type(engine_args)()
+    changed = [f.name for f in fields(engine_args)
+               if f.name not in JOB_ENGINE_ARGS and getattr(engine_args, f.name) != getattr(defaults, f.name)]
+    passed = {name: getattr(engine_args, name) for name in changed if name in SHARED_ENGINE_ARGS}
+    return passed, [name for name in changed if name not in SHARED_ENGINE_ARGS]
 
 
 def vllm_site() -> str:
@@ -112,7 +134,8 @@ def _child_main(job_path: str, result_path: str) -> None:
         raw = json.load(f)
     calls = [TimedCall(**c) for c in raw.pop("calls")]
     job = VllmJob(calls=[], **raw)
-    kwargs: dict[str, Any] = {"model": job.model, "dtype": job.dtype, "skip_tokenizer_init": True, "seed": job.seed}
+    kwargs: dict[str, Any] = {"model": job.model, "dtype": job.dtype, "skip_tokenizer_init": True, "seed": job.seed,
+                              **job.engine_kwargs}
     if job.dummy_weights:
         kwargs["load_format"] = "dummy"
     if job.max_model_len:

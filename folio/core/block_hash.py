@@ -60,8 +60,10 @@ def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> 
 
 
 def first_block_extra(request: Request) -> bytes:
-    """The salt and the adapter, length-prefixed so that no salt can spell another's adapter."""
+    """The salt and the adapter: the salt length-prefixed whenever either is present (a salt
+    alone included), so no salt a user picks can spell another's salt plus an adapter."""
     salt = request.cache_salt.encode() if request.cache_salt else b""
-    if request.lora_request is None:
-        return salt
-    return len(salt).to_bytes(4, "little") + salt + request.lora_request.cache_key()
+    adapter = request.lora_request.cache_key() if request.lora_request is not None else b""
+    if not salt and not adapter:
+        return b""
+    return len(salt).to_bytes(4, "little") + salt + adapter

@@ -140,9 +140,18 @@ class EngineArgs:
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}.")
         lora = LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora else None
+        self._warn_unused_lora_args()
         structured = StructuredOutputsConfig.from_value(self.structured_outputs_config)
         return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig(), lora=lora,
                             structured_outputs=structured)
+
+    def _warn_unused_lora_args(self) -> None:
+        if self.enable_lora:
+            return
+        unused = [name for name in ("max_loras", "max_lora_rank", "max_cpu_loras")
+                  if getattr(self, name) != getattr(EngineArgs, name)]
+        if unused:
+            logger.warning("%s apply only with enable_lora=True (--enable-lora): ignored.", ", ".join(unused))
 
     def _max_num_batched_tokens(self, max_model_len: int, device: str) -> int:
         if self.max_num_batched_tokens is not None:

@@ -118,6 +118,8 @@ class LLMEngine:
             num_cpu_blocks=self.runner.swap_pool.num_blocks,
             max_loras=config.lora.max_loras if config.lora is not None else None,
         )
+        if self.runner.lora is not None:  # adapters of unfinished requests stay in the CPU cache
+            self.runner.lora.in_use = self._loras_in_use
         eos = eos_token_ids(self.tokenizer, config.model.generation_config)
         self.input_processor = InputProcessor(config.model, self.tokenizer, eos, max_logprobs)
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -302,6 +304,12 @@ class LLMEngine:
             raise ValueError(f"Adapter id {lora_id} is in use by unfinished requests.")
         # A step still in flight reads the slot before the zeroing queued behind it.
         return self.runner.lora.remove_adapter(lora_id)
+
+    def _loras_in_use(self) -> set[int]:
+        ids = {r.lora_int_id for r in self.scheduler.requests.values()}
+        ids.update(s.prompt.lora_request.lora_int_id for s in self.beam_search.searches.values()
+                   if s.prompt.lora_request is not None)
+        return ids
 
     def list_loras(self) -> set[int]:
         return {r.lora_int_id for r in self.runner.lora.list_adapters()} if self.runner.lora else set()

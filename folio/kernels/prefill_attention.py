@@ -95,11 +95,14 @@ def _attend_tiles(
                 visible = visible & (k_pos[None, :] > q_pos[:, None] - SLIDING_WINDOW)
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)  # [BLOCK_M]
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
+            # Rows that have seen no key yet keep m = -inf (a 0 there would cap later maxima at
+            # 0 and underflow their probabilities); only the exponent's shift is made finite.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
-        p = tl.exp2(s * scale_log2 - m_new[:, None])  # [BLOCK_M, TILE_N]
-        alpha = tl.exp2(m_i - m_new)
+            m_safe = m_new
+        p = tl.exp2(s * scale_log2 - m_safe[:, None])  # [BLOCK_M, TILE_N]
+        alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new

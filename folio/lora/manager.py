@@ -4,7 +4,8 @@
   LoRALinear around it, once, after the weights are loaded.
 - `add_adapter(request)` reads and checks a PEFT folder into the CPU cache (ValueError for a bad
   adapter: the engine calls it when a request arrives, so a bad adapter is the request's error,
-  never the step's). A CPU copy pushed out of the LRU is read from its folder again when needed.
+  never the step's). The LRU never pushes out the copy of an adapter that unfinished requests
+  use (`in_use`); a copy pushed out is read from its folder again when a new request needs it.
 - `activate(requests)` puts a step's adapters into slots: those already in one stay, the others
   take a free slot or the least recently used one not needed this step. The scheduler never
   mixes more than max_loras adapters in a step (core/lora_slots.py), so a slot always exists.
@@ -17,7 +18,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -44,7 +45,10 @@ class LoRAManager:
         self.targets: dict[str, LoRATarget] = {}  # PEFT module name -> where it lands
         self.cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()  # id -> adapter, least recent first
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # id -> slot, least recent first
+        self.slot_request: dict[int, LoRARequest] = {}  # id -> the adapter its slot holds
         self.num_slot_loads = 0  # adapters copied into a slot since start
+        # The ids unfinished requests use (the engine sets it): their CPU copies are kept.
+        self.in_use: Callable[[], set[int]] = set
 
     # ---- the model ----------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> None:
@@ -68,28 +72,41 @@ class LoRAManager:
     # ---- adapters on the CPU ------------------------------------------------------------------
     def add_adapter(self, request: LoRARequest) -> LoRAAdapter:
         """The adapter's CPU copy, read from its folder if not cached (ValueError if unusable)."""
-        cached = self.cpu.get(request.lora_int_id)
-        if cached is not None:
-            if cached.request.lora_name != request.lora_name or cached.request.lora_path != request.lora_path:
-                raise ValueError(
-                    f"lora_int_id {request.lora_int_id} is already used by adapter "
-                    f"{cached.request.lora_name!r} ({cached.request.lora_path}); each adapter needs its own id."
-                )
+        # An id names one adapter while it is held anywhere: a slot outlives its CPU copy.
+        held = self.cpu.get(request.lora_int_id)
+        known = held.request if held is not None else self.slot_request.get(request.lora_int_id)
+        if known is not None and (known.lora_name, known.lora_path) != (request.lora_name, request.lora_path):
+            raise ValueError(
+                f"lora_int_id {request.lora_int_id} is already used by adapter "
+                f"{known.lora_name!r} ({known.lora_path}); each adapter needs its own id."
+            )
+        if held is not None:
             self.cpu.move_to_end(request.lora_int_id)
-            return cached
+            return held
         adapter = load_adapter(request, self.targets, self.config.max_lora_rank, self.dtype)
         self.cpu[request.lora_int_id] = adapter
-        while len(self.cpu) > self.config.cpu_capacity:
-            evicted, _ = self.cpu.popitem(last=False)
-            logger.debug("LoRA: adapter id %d dropped from the CPU cache", evicted)
+        self._trim_cpu_cache(keep=request.lora_int_id)  # its request is not queued yet
         logger.info("LoRA: loaded adapter %r (id %d, rank %d, %d modules)", request.lora_name,
                     request.lora_int_id, adapter.rank, len(adapter.modules))
         return adapter
+
+    def _trim_cpu_cache(self, keep: int) -> None:
+        """Drop least recent CPU copies past max_cpu_loras, but none that unfinished requests
+        use: their slot is filled from it later, and a folder read then (gone or changed since)
+        would fail the whole step. While they run the cache may hold more than max_cpu_loras."""
+        excess = len(self.cpu) - self.config.cpu_capacity
+        if excess <= 0:
+            return
+        in_use = self.in_use() | {keep}
+        for lora_id in [i for i in self.cpu if i not in in_use][:excess]:
+            del self.cpu[lora_id]
+            logger.debug("LoRA: adapter id %d dropped from the CPU cache", lora_id)
 
     def remove_adapter(self, lora_int_id: int) -> bool:
         """Forget an adapter (unload): its CPU copy and its slot. False if it was not loaded."""
         found = self.cpu.pop(lora_int_id, None) is not None
         slot = self.slot_of.pop(lora_int_id, None)
+        self.slot_request.pop(lora_int_id, None)
         if slot is not None:
             for layer in self.layers.values():
                 layer.clear_slot(slot)
@@ -118,6 +135,7 @@ class LoRAManager:
             if slot not in used:
                 return slot
         victim = next(lora_id for lora_id in self.slot_of if lora_id not in keep)  # least recent
+        self.slot_request.pop(victim, None)
         return self.slot_of.pop(victim)
 
     def _load_into_slot(self, request: LoRARequest, slot: int) -> None:
@@ -125,6 +143,7 @@ class LoRAManager:
         for name, layer in self.layers.items():
             layer.set_slot(slot, adapter, name.rpartition(".")[0])
         self.slot_of[request.lora_int_id] = slot
+        self.slot_request[request.lora_int_id] = adapter.request
         self.num_slot_loads += 1
 
     def prepare_step(self, scheduled: list[ScheduledRequest], padded_tokens: int) -> LoRAMapping:

@@ -152,3 +152,17 @@ def test_no_timed_call_can_hit_the_prefix_cache():
     assert len({f for group in batch_firsts for f in group}) > len(batch_firsts)  # rows differ too
     assert all(0 <= t < 50 for group in firsts for t in group)
     assert all(call.prompts_for(1)[0]["prompt_token_ids"][1:] == call.prompts[0][1:] for call in spec.calls())
+
+
+def test_vllm_peer_gets_the_engine_arguments_the_user_set(tmp_path, fake_vllm, capsys):
+    """Engine arguments vLLM names alike reach the peer; the others are named, not dropped silently."""
+    model = _bare_qwen3(tmp_path)
+    code = _cli(["bench", "latency", "--model", model, "--load-format", "dummy", "--device", "cpu",
+                 "--prompt-lens", "20", "--batch-sizes", "1", "--decode-prompt-len", "8", "--decode-steps", "2",
+                 "--repeat", "1", "--peer", "vllm", "--max-num-seqs", "32", "--no-enable-prefix-caching",
+                 "--cpu-kv-cache-space", "2"])
+    assert code == 0
+    init = json.loads(fake_vllm.read_text().splitlines()[0])["init"]
+    assert init["max_num_seqs"] == 32 and init["enable_prefix_caching"] is False
+    assert "gpu_memory_utilization" not in init  # left at vLLM's default: the user set none
+    assert "cpu_kv_cache_space" in capsys.readouterr().err and "cpu_kv_cache_space" not in init

@@ -81,3 +81,18 @@ def test_prefix_cache_never_crosses_adapters():
         while scheduler.has_unfinished_requests():
             step(scheduler, model, result)
     assert scheduler.kv_cache_manager.prefix_cache_hits == 16, "only 'same' hits: adapter 1's 4 full blocks"
+
+
+def test_no_salt_spells_an_adapter():
+    """A base-model request whose cache_salt is an adapter's key bytes (a user picks the salt,
+    and /v1/models shows the adapter's path) must not hash like that adapter's requests."""
+    prompt = list(range(3, 15))
+    adapter = _with_adapter("a", 1, prompt=prompt)
+    forged = make_request("b", prompt=prompt)
+    forged.cache_salt = (b"\0\0\0\0" + adapter.lora_request.cache_key()).decode()
+    assert request_block_hashes(forged, 4, 1) != request_block_hashes(adapter, 4, 1)
+    salted = _with_adapter("c", 1, prompt=prompt)
+    salted.cache_salt = "s"
+    forged.cache_salt = (b"\1\0\0\0s" + adapter.lora_request.cache_key()).decode()
+    forged.block_hashes.clear()
+    assert request_block_hashes(forged, 4, 1) != request_block_hashes(salted, 4, 1)

@@ -146,3 +146,13 @@ def test_full_size_w1_mixed_step_with_mixed_tiles():
     real, pad = batch.real_rows.cuda(), batch.padding_rows.cuda()
     assert_close(out[real], expected[real], torch.bfloat16)
     assert out[pad].isnan().all()
+
+
+def test_window_rows_with_only_negative_scores(device):
+    """Rows whose first key tile lies wholly before their window see no key there; their running
+    max must stay -inf (not 0), or fp16 probabilities of scores far below 0 round to zero."""
+    batch = make_paged_batch([32], [32], 1, 1, 16, 4, dtype=torch.float16, device=device, seed=3)
+    batch.query.abs_()  # q . k < 0 for every key: q > 0, k < 0
+    batch.kv_cache[0].copy_(-(batch.kv_cache[0].abs() + 8))  # scores near -35
+    out, expected = _run(batch, sliding_window=8)  # rows 24..31 see nothing in keys 0..15
+    assert_close(out, expected, torch.float16)

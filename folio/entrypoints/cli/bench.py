@@ -189,10 +189,14 @@ def _run_peers(report: ThroughputReport, engine_args: EngineArgs, args: argparse
 
 
 def _vllm_job(engine_args: EngineArgs, model: str, dtype: str, calls: list[TimedCall]) -> VllmJob:
-    from folio.benchmarks.vllm_peer import VllmJob
+    from folio.benchmarks.vllm_peer import VllmJob, split_engine_args
 
+    passed, folio_only = split_engine_args(engine_args)
+    if folio_only:
+        _say(f"the vllm peer runs without folio's {', '.join(folio_only)} (vLLM has no such argument)")
     return VllmJob(model=model, dtype=dtype, dummy_weights=engine_args.load_format == "dummy",
-                   max_model_len=engine_args.max_model_len, seed=engine_args.seed, calls=calls)
+                   max_model_len=engine_args.max_model_len, seed=engine_args.seed, calls=calls,
+                   engine_kwargs=passed)
 
 
 def _run_vllm_throughput(
