@@ -52,6 +52,13 @@ class EngineArgs:
     attention_backend: str = "auto"
     max_logprobs: int = 20
     async_scheduling: bool = True
+    # Tensor parallelism (docs/tensor-parallel.md): ranks, and torchrun-style rendezvous.
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None or "mp"
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -101,7 +108,15 @@ class EngineArgs:
         )
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}.")
-        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig())
+        parallel = ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            nnodes=self.nnodes,
+            node_rank=self.node_rank,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            distributed_executor_backend=self.distributed_executor_backend,
+        )
+        return EngineConfig(model, cache, scheduler, DeviceConfig(device), parallel)
 
     def _max_num_batched_tokens(self, max_model_len: int) -> int:
         if self.max_num_batched_tokens is not None:
@@ -143,7 +158,20 @@ class EngineArgs:
             default=d.async_scheduling,
             help="plan and launch each step while the previous one runs on the device",
         )
+        EngineArgs._add_parallel_cli_args(parser)
         return parser
+
+    @staticmethod
+    def _add_parallel_cli_args(parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("tensor parallelism (docs/tensor-parallel.md)")
+        g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs (ranks) sharing the model")
+        g.add_argument("--distributed-executor-backend", default=None, choices=["mp"],
+                       help="one process per rank, started by the engine (the only backend)")
+        g.add_argument("--nnodes", type=int, default=1, help="machines the ranks span (torchrun's NNODES)")
+        g.add_argument("--node-rank", type=int, default=0, help="this machine's index (torchrun's NODE_RANK)")
+        g.add_argument("--master-addr", default=None, help="rank 0's address (default: $MASTER_ADDR, or 127.0.0.1)")
+        g.add_argument("--master-port", type=int, default=None,
+                       help="rank 0's rendezvous port (default: $MASTER_PORT, or a free port on one node)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ from folio.engine.input_processor import InputProcessor, PromptType
 from folio.engine.output_processor import OutputProcessor
 from folio.logger import init_logger
 from folio.outputs import RequestOutput
+from folio.parallel.launch import Lead, lead
 from folio.sampling_params import SamplingParams
 from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
 from folio.worker.model_runner import ModelRunner
@@ -94,9 +96,19 @@ class LLMEngine:
         start = time.perf_counter()
         self.config = config
         self.tokenizer = _load_tokenizer(config)
-        self.runner = ModelRunner(config)
-        self.num_blocks = self.runner.determine_num_blocks()
-        self.runner.initialize_kv_cache(self.num_blocks)
+        # Tensor parallelism: this process is rank 0; workers repeat each step (parallel/).
+        self._tp: Lead | None = lead(config) if config.parallel.tensor_parallel_size > 1 else None
+        try:
+            self.runner = ModelRunner(config)
+            self.num_blocks = self.runner.determine_num_blocks()
+            self.runner.initialize_kv_cache(self.num_blocks)
+        except BaseException:
+            if self._tp is not None:
+                self._tp.abandon()
+            raise
+        self.runner.leads_followers = self._tp is not None
+        # Stops the workers when shutdown() is called, the engine is collected, or Python exits.
+        self._stop_tp = weakref.finalize(self, self._tp.stop, self.runner.shutdown_followers) if self._tp else None
         self.scheduler = Scheduler(
             config.scheduler,
             self.num_blocks,
@@ -178,6 +190,25 @@ class LLMEngine:
         """The outputs of one step. With async scheduling the next step is running on the
         device when this returns, unless nothing is left to run or a request needs
         synchronous steps."""
+        if self._tp is None:
+            return self._step()
+        workers = self._tp.workers
+        workers.check()
+        workers.busy = True
+        try:
+            return self._step()
+        except Exception as e:
+            workers.check()  # a dead worker explains a failed collective
+            raise e
+        finally:
+            workers.busy = False
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers and leave the group (no-op on one device)."""
+        if self._stop_tp is not None:
+            self._stop_tp()
+
+    def _step(self) -> list[RequestOutput]:
         if not self.async_scheduling:
             scheduler_output = self.scheduler.schedule()
             return self._finish_step(scheduler_output, self.runner.execute_model(scheduler_output))

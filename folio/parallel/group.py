@@ -1,0 +1,81 @@
+"""The tensor-parallel process group: joined once per process, torchrun-compatible.
+
+Every rank calls `join_group` with the same Rendezvous; torch.distributed's TCP store on
+master_addr:master_port (torchrun's MASTER_ADDR/MASTER_PORT) is the only meeting protocol.
+NCCL on CUDA, gloo on the CPU. The group spans the whole world: one engine = one model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from folio.logger import init_logger, set_log_rank
+from folio.parallel.rendezvous import Rendezvous
+
+logger = init_logger(__name__)
+
+# The tensor-parallel peers of this process; None while running on one device.
+_TP_GROUP: dist.ProcessGroup | None = None
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def join_group(rendezvous: Rendezvous, device: str) -> None:
+    """Initialise torch.distributed for this rank (blocks until every rank has joined)."""
+    global _TP_GROUP
+    if _TP_GROUP is not None:
+        raise RuntimeError("This process already belongs to a tensor-parallel group.")
+    os.environ.update(rendezvous.environ())
+    if device == "cuda":
+        torch.cuda.set_device(rendezvous.local_rank)
+    set_log_rank(rendezvous.rank)
+    dist.init_process_group(
+        backend=backend_for(device),
+        init_method=f"tcp://{_host(rendezvous.master_addr)}:{rendezvous.master_port}",
+        world_size=rendezvous.world_size,
+        rank=rendezvous.rank,
+        timeout=datetime.timedelta(seconds=rendezvous.timeout_s),
+        device_id=torch.device("cuda", rendezvous.local_rank) if device == "cuda" else None,
+    )
+    _TP_GROUP = dist.group.WORLD
+    logger.info(
+        "Joined the tensor-parallel group: rank %d of %d (%s, %s:%d)",
+        rendezvous.rank,
+        rendezvous.world_size,
+        backend_for(device),
+        rendezvous.master_addr,
+        rendezvous.master_port,
+    )
+
+
+def leave_group() -> None:
+    """Destroy the process group (idempotent), so a later engine in this process can join anew."""
+    global _TP_GROUP
+    if _TP_GROUP is None:
+        return
+    _TP_GROUP = None
+    set_log_rank(None)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _host(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+
+
+def get_tp_group() -> dist.ProcessGroup | None:
+    return _TP_GROUP
+
+
+def get_tp_rank() -> int:
+    return 0 if _TP_GROUP is None else dist.get_rank(_TP_GROUP)
+
+
+def get_tp_size() -> int:
+    return 1 if _TP_GROUP is None else dist.get_world_size(_TP_GROUP)
