@@ -18,6 +18,11 @@ _DTYPE_ALIASES = {
     "fp32": "float32",
 }
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+# quantization= names: read from a checkpoint's quantization_config, or applied on load (ONLINE).
+SERIALIZED_QUANTIZATIONS = ("compressed-tensors", "gptq", "awq")
+ONLINE_QUANTIZATIONS = ("fp8", "int4-rtn")  # int4-rtn: round-to-nearest W4A16, for benchmarks
+QUANTIZATIONS = SERIALIZED_QUANTIZATIONS + ONLINE_QUANTIZATIONS
+_QUANTIZATION_ALIASES = {"compressed_tensors": "compressed-tensors", "gptq_marlin": "gptq", "awq_marlin": "awq"}
 # Keys that different architectures use for their trained context length, in order of trust.
 _MAX_LEN_KEYS = (
     "max_position_embeddings",
@@ -43,6 +48,13 @@ class ModelConfig:
     enforce_eager: bool = False
     attention_backend: str = "auto"  # "auto", "torch" or "triton"
     generation_config: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    quantization: str | None = None  # resolved by resolve_quantization; None: unquantized
+
+    @property
+    def quantization_config(self) -> dict[str, Any]:
+        """The checkpoint's quantization_config ({} when it has none)."""
+        raw = self.hf_config.get("quantization_config")
+        return raw if isinstance(raw, dict) else {}
 
     # ---- shapes the engine needs without building the model ------------------------------
     @property
@@ -93,6 +105,7 @@ class ModelConfig:
         load_format: str = "auto",
         enforce_eager: bool = False,
         attention_backend: str = "auto",
+        quantization: str | None = None,
     ) -> ModelConfig:
         """Read `model`/config.json and resolve dtype and context length, or raise ValueError."""
         hf_config = load_hf_config(model)
@@ -118,7 +131,38 @@ class ModelConfig:
             enforce_eager=enforce_eager,
             attention_backend=attention_backend,
             generation_config=load_generation_config(model),
+            quantization=resolve_quantization(quantization, hf_config),
         )
+
+
+def resolve_quantization(requested: str | None, hf_config: dict[str, Any]) -> str | None:
+    """The scheme to run: the checkpoint's quant_method, or the requested one, or ValueError.
+
+    A request must agree with a quantized checkpoint; a serialized scheme needs a checkpoint
+    that carries it; fp8 and int4-rtn quantize an unquantized checkpoint on load.
+    """
+    raw = hf_config.get("quantization_config")
+    method = raw.get("quant_method") if isinstance(raw, dict) else None
+    stored = _QUANTIZATION_ALIASES.get(str(method), str(method)) if method else None
+    wanted = _QUANTIZATION_ALIASES.get(requested, requested) if requested else None
+    if wanted is not None and wanted not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {requested!r}.")
+    if stored is not None and stored not in SERIALIZED_QUANTIZATIONS:
+        raise ValueError(
+            f"The checkpoint's quantization_config has quant_method {method!r}, which folio "
+            f"cannot load; supported: {SERIALIZED_QUANTIZATIONS}."
+        )
+    if stored is not None and wanted not in (None, stored):
+        raise ValueError(
+            f"quantization={requested!r} does not match the checkpoint, which is quantized "
+            f"with {stored!r}."
+        )
+    if stored is None and wanted in SERIALIZED_QUANTIZATIONS:
+        raise ValueError(
+            f"quantization={requested!r} needs a checkpoint with a quantization_config; this "
+            f"one has none (to quantize on load use one of {ONLINE_QUANTIZATIONS})."
+        )
+    return stored or wanted
 
 
 def load_hf_config(model: str) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     max_logprobs: int = 20
     async_scheduling: bool = True
+    quantization: str | None = None  # None: the checkpoint's quantization_config, if any
     # Tensor parallelism (docs/tensor-parallel.md): ranks, and torchrun-style rendezvous.
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None or "mp"
@@ -88,6 +89,7 @@ class EngineArgs:
             load_format=self.load_format,
             enforce_eager=self.enforce_eager,
             attention_backend=self.attention_backend,
+            quantization=self.quantization,
         )
         cache = CacheConfig(
             block_size=self.block_size,
@@ -157,6 +159,13 @@ class EngineArgs:
             action=argparse.BooleanOptionalAction,
             default=d.async_scheduling,
             help="plan and launch each step while the previous one runs on the device",
+        )
+        g.add_argument(
+            "--quantization",
+            "-q",
+            default=None,
+            help="compressed-tensors, gptq, awq (read from the checkpoint; default: its "
+            "quantization_config), or fp8 / int4-rtn to quantize an unquantized checkpoint on load",
         )
         EngineArgs._add_parallel_cli_args(parser)
         return parser

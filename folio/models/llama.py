@@ -18,7 +18,8 @@ from folio.attention.metadata import AttentionMetadata
 from folio.layers.activation import gated_activation
 from folio.layers.attention import Attention
 from folio.layers.layernorm import RMSNorm
-from folio.layers.linear import Linear, MergedColumnLinear, QKVLinear
+from folio.layers.linear import MergedColumnLinear, QKVLinear, RowParallelLinear
+from folio.layers.quantization.base import QuantizationConfig
 from folio.layers.rotary_embedding import RotaryEmbedding, get_rope, rope_parameters_from_hf
 from folio.layers.vocab_embedding import LMHead, VocabEmbedding
 from folio.models.base import CausalLM
@@ -83,15 +84,29 @@ class LlamaAttention(nn.Module):
         layer_idx: int,
         rotary_emb: RotaryEmbedding,
         backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         self.num_heads = args.num_heads
         self.num_kv_heads = args.num_kv_heads
         self.head_dim = args.head_dim
         self.qkv_proj = QKVLinear(
-            args.hidden_size, args.head_dim, args.num_heads, args.num_kv_heads, bias=args.qkv_bias
+            args.hidden_size,
+            args.head_dim,
+            args.num_heads,
+            args.num_kv_heads,
+            bias=args.qkv_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
         )
-        self.o_proj = Linear(args.num_heads * args.head_dim, args.hidden_size, bias=args.o_bias)
+        self.o_proj = RowParallelLinear(
+            args.num_heads * args.head_dim,
+            args.hidden_size,
+            bias=args.o_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
+        )
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.rotary_emb = rotary_emb  # shared by all layers
@@ -122,13 +137,26 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(
+        self, args: LlamaArgs, quant_config: QuantizationConfig | None = None, prefix: str = ""
+    ) -> None:
         super().__init__()
         inter = args.intermediate_size
         self.gate_up_proj = MergedColumnLinear(
-            args.hidden_size, [inter, inter], (0, 1), bias=args.mlp_bias
+            args.hidden_size,
+            [inter, inter],
+            (0, 1),
+            bias=args.mlp_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
         )
-        self.down_proj = Linear(inter, args.hidden_size, bias=args.mlp_bias)
+        self.down_proj = RowParallelLinear(
+            inter,
+            args.hidden_size,
+            bias=args.mlp_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.down_proj",
+        )
         self.act_fn = gated_activation(args.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,10 +170,14 @@ class LlamaDecoderLayer(nn.Module):
         layer_idx: int,
         rotary_emb: RotaryEmbedding,
         backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(args, layer_idx, rotary_emb, backend)
-        self.mlp = LlamaMLP(args)
+        self.self_attn = LlamaAttention(
+            args, layer_idx, rotary_emb, backend, quant_config, f"{prefix}.self_attn"
+        )
+        self.mlp = LlamaMLP(args, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
@@ -166,12 +198,19 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: LlamaArgs, backend: AttentionBackend) -> None:
+    def __init__(
+        self,
+        args: LlamaArgs,
+        backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model",
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(args.vocab_size, args.hidden_size)
         rotary_emb = get_rope(args.head_dim, args.max_position, args.rope)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(args, i, rotary_emb, backend) for i in range(args.num_layers)
+            LlamaDecoderLayer(args, i, rotary_emb, backend, quant_config, f"{prefix}.layers.{i}")
+            for i in range(args.num_layers)
         )
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
@@ -187,10 +226,15 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    def __init__(self, hf_config: dict[str, Any], attn_backend: AttentionBackend) -> None:
+    def __init__(
+        self,
+        hf_config: dict[str, Any],
+        attn_backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
         super().__init__()
         self.args = self.args_from_hf(hf_config)
-        self.model = LlamaModel(self.args, attn_backend)
+        self.model = LlamaModel(self.args, attn_backend, quant_config, "model")
         self.lm_head = LMHead(self.args.vocab_size, self.args.hidden_size)
         if self.args.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)

@@ -10,6 +10,7 @@ import torch
 
 from folio.attention.backends.base import AttentionBackend
 from folio.config.model import ModelConfig
+from folio.layers.quantization import get_quantization_config, process_weights_after_loading
 from folio.logger import init_logger
 from folio.models.base import CausalLM
 from folio.models.registry import get_model_class
@@ -40,8 +41,9 @@ def build_model(
 ) -> CausalLM:
     """The architecture's modules in the model dtype on `device`, weights uninitialized."""
     cls = get_model_class(model_config.architecture)
+    quant_config = get_quantization_config(model_config)
     with _default_dtype(_TORCH_DTYPES[model_config.dtype]), torch.device(device):
-        return cls(model_config.hf_config, attn_backend)
+        return cls(model_config.hf_config, attn_backend, quant_config=quant_config)
 
 
 def load_checkpoint(model: CausalLM, model_config: ModelConfig) -> None:
@@ -68,6 +70,8 @@ def load_model(
         initialize_dummy_weights(model, model_config.seed)
     else:
         load_checkpoint(model, model_config)
+    methods = process_weights_after_loading(model)
+    logger.info("Linear layers by method: %s", methods)
     model.eval().requires_grad_(False)
     num_params = sum(p.numel() for p in model.parameters())
     logger.info(

@@ -19,7 +19,8 @@ from folio.attention.metadata import AttentionMetadata
 from folio.layers.activation import Activation
 from folio.layers.attention import Attention
 from folio.layers.layernorm import LayerNorm
-from folio.layers.linear import Linear, QKVLinear
+from folio.layers.linear import ColumnParallelLinear, Linear, QKVLinear, RowParallelLinear
+from folio.layers.quantization.base import QuantizationConfig
 from folio.layers.vocab_embedding import LMHead, VocabEmbedding
 from folio.models.base import CausalLM
 from folio.models.weight_utils import QKV_STACKED, load_params
@@ -67,12 +68,20 @@ class OPTArgs:
 
 
 class OPTAttention(nn.Module):
-    def __init__(self, args: OPTArgs, backend: AttentionBackend) -> None:
+    def __init__(
+        self, args: OPTArgs, backend: AttentionBackend, quant_config: QuantizationConfig | None, prefix: str
+    ) -> None:
         super().__init__()
         head_dim = args.hidden_size // args.num_heads
         heads = args.num_heads
-        self.qkv_proj = QKVLinear(args.hidden_size, head_dim, heads, heads, bias=args.bias)
-        self.out_proj = Linear(args.hidden_size, args.hidden_size, bias=args.bias)
+        self.qkv_proj = QKVLinear(
+            args.hidden_size, head_dim, heads, heads, bias=args.bias,
+            quant_config=quant_config, prefix=f"{prefix}.qkv_proj",
+        )
+        self.out_proj = RowParallelLinear(
+            args.hidden_size, args.hidden_size, bias=args.bias,
+            quant_config=quant_config, prefix=f"{prefix}.out_proj",
+        )
         self.attn = Attention(args.num_heads, head_dim, head_dim**-0.5, args.num_heads, backend)
 
     def forward(self, hidden: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
@@ -81,13 +90,21 @@ class OPTAttention(nn.Module):
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, args: OPTArgs, backend: AttentionBackend) -> None:
+    def __init__(
+        self, args: OPTArgs, backend: AttentionBackend, quant_config: QuantizationConfig | None, prefix: str
+    ) -> None:
         super().__init__()
         self.pre_norm = args.do_layer_norm_before
-        self.self_attn = OPTAttention(args, backend)
+        self.self_attn = OPTAttention(args, backend, quant_config, f"{prefix}.self_attn")
         self.self_attn_layer_norm = LayerNorm(args.hidden_size, affine=args.norm_affine)
-        self.fc1 = Linear(args.hidden_size, args.ffn_dim, bias=args.bias)
-        self.fc2 = Linear(args.ffn_dim, args.hidden_size, bias=args.bias)
+        self.fc1 = ColumnParallelLinear(
+            args.hidden_size, args.ffn_dim, bias=args.bias,
+            quant_config=quant_config, prefix=f"{prefix}.fc1",
+        )
+        self.fc2 = RowParallelLinear(
+            args.ffn_dim, args.hidden_size, bias=args.bias,
+            quant_config=quant_config, prefix=f"{prefix}.fc2",
+        )
         self.activation_fn = Activation(args.activation)
         self.final_layer_norm = LayerNorm(args.hidden_size, affine=args.norm_affine)
 
@@ -107,14 +124,21 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPTDecoder(nn.Module):
-    def __init__(self, args: OPTArgs, backend: AttentionBackend) -> None:
+    def __init__(
+        self, args: OPTArgs, backend: AttentionBackend, quant_config: QuantizationConfig | None, prefix: str
+    ) -> None:
         super().__init__()
         projected = args.word_embed_proj_dim != args.hidden_size
         self.embed_tokens = VocabEmbedding(args.vocab_size, args.word_embed_proj_dim)
         self.embed_positions = VocabEmbedding(args.max_position + POSITION_OFFSET, args.hidden_size)
+        # The projections stay unquantized and replicated (vLLM keeps them so too): tiny, and
+        # quantization tools leave them out.
         self.project_in = Linear(args.word_embed_proj_dim, args.hidden_size) if projected else None
         self.project_out = Linear(args.hidden_size, args.word_embed_proj_dim) if projected else None
-        self.layers = nn.ModuleList(OPTDecoderLayer(args, backend) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(
+            OPTDecoderLayer(args, backend, quant_config, f"{prefix}.layers.{i}")
+            for i in range(args.num_layers)
+        )
         self.final_layer_norm = (
             LayerNorm(args.hidden_size, affine=args.norm_affine) if args.final_layer_norm else None
         )
@@ -138,16 +162,23 @@ class OPTDecoder(nn.Module):
 class OPTModel(nn.Module):
     """Only a namespace, so parameter names match the checkpoint's model.decoder.*."""
 
-    def __init__(self, args: OPTArgs, backend: AttentionBackend) -> None:
+    def __init__(
+        self, args: OPTArgs, backend: AttentionBackend, quant_config: QuantizationConfig | None
+    ) -> None:
         super().__init__()
-        self.decoder = OPTDecoder(args, backend)
+        self.decoder = OPTDecoder(args, backend, quant_config, "model.decoder")
 
 
 class OPTForCausalLM(CausalLM):
-    def __init__(self, hf_config: dict[str, Any], attn_backend: AttentionBackend) -> None:
+    def __init__(
+        self,
+        hf_config: dict[str, Any],
+        attn_backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
         super().__init__()
         self.args = OPTArgs.from_hf(hf_config)
-        self.model = OPTModel(self.args, attn_backend)
+        self.model = OPTModel(self.args, attn_backend, quant_config)
         self.lm_head = LMHead(self.args.vocab_size, self.args.word_embed_proj_dim)
         if self.args.tie_word_embeddings:
             self.lm_head.tie_to(self.model.decoder.embed_tokens)

@@ -143,12 +143,18 @@ def load_params(
         if param is None:
             logger.debug("Skipping checkpoint tensor %s: the model has no such parameter", name)
             continue
-        if shard_id is None:
+        weight_loader = getattr(param, "weight_loader", None)
+        if weight_loader is not None:
+            # A linear layer's parameter: its layer slices, packs and places the tensor.
+            weight_loader(param, tensor, shard_id)
+        elif shard_id is None:
             check_shape(name, param.shape, tensor)
             param.data.copy_(tensor)
+        else:
+            raise ValueError(f"{name} is a shard of {target}, which is not a merged layer.")
+        if shard_id is None:
             loaded.add(target)
             continue
-        param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
         arrived.setdefault(target, set()).add(shard_id)
         if arrived[target] >= set(param.shard_ids):  # type: ignore[attr-defined]
             loaded.add(target)
@@ -156,7 +162,12 @@ def load_params(
 
 
 def missing_params(model: nn.Module, loaded: set[str]) -> list[str]:
-    return sorted(name for name, _ in model.named_parameters() if name not in loaded)
+    """Parameters the checkpoint did not fill, less those a method marks `optional`."""
+    return sorted(
+        name
+        for name, param in model.named_parameters()
+        if name not in loaded and not getattr(param, "optional", False)
+    )
 
 
 # ---- random weights -----------------------------------------------------------------------
@@ -178,6 +189,9 @@ def initialize_dummy_weights(
     for name, param in model.named_parameters():
         if id(param) in norm_params:
             param.data.fill_(1.0 if name.endswith("weight") else 0.0)
+            continue
+        if not param.dtype.is_floating_point or param.element_size() == 1:
+            param.data.zero_()  # packed integers or FP8 codes: no uniform_ for them
             continue
         if generator is None or generator.device != param.device:
             generator = torch.Generator(device=param.device).manual_seed(seed)
