@@ -27,9 +27,14 @@ def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if size == 1:
         return x
     x = x.contiguous()
-    out = torch.empty((size, *x.shape), dtype=x.dtype, device=x.device)  # [ranks, *x.shape]
-    dist.all_gather_into_tensor(out, x, group=get_tp_group())
-    return torch.cat(out.unbind(0), dim=dim)
+    x = x.reshape(1, *x.shape) if x.dim() == 0 else x
+    out = torch.empty((size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)  # ranks stacked on dim 0
+    _gather_single(out, x, group=get_tp_group())
+    return torch.cat(out.chunk(size, dim=0), dim=dim)
+
+
+# torch >= 2.13 names it all_gather_single (all_gather_into_tensor is deprecated there).
+_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:

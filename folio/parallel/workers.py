@@ -127,6 +127,10 @@ def run_follower(config: EngineConfig, rendezvous: Rendezvous) -> None:
     from folio.parallel.group import join_group, leave_group
     from folio.worker.model_runner import ModelRunner
 
+    if config.device.device == "cpu":  # the node's ranks share its cores
+        import torch
+
+        torch.set_num_threads(max(1, torch.get_num_threads() // config.parallel.ranks_per_node))
     join_group(rendezvous, config.device.device)
     try:
         runner = ModelRunner(config)
