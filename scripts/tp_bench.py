@@ -75,6 +75,7 @@ def greedy(path: str, tp: int, dtype: str, out: str) -> None:
     result = [{"ids": list(o.outputs[0].token_ids),
                "logprobs": [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]}
               for o in outputs]
+    llm.llm_engine.shutdown()
     with open(out, "w") as f:
         json.dump(result, f)
 
@@ -94,6 +95,7 @@ def decode(model: str, tp: int, out: str, steps: int = 256) -> None:
         timings.append(time.perf_counter() - start)
     first = min(timings[0], timings[2])
     full = min(timings[1], timings[3])
+    llm.llm_engine.shutdown()
     with open(out, "w") as f:
         json.dump({"model": model, "tp": tp, "ms_per_token": 1000 * (full - first) / steps}, f)
 
@@ -109,7 +111,8 @@ def _child(args: list[str], log: str, timeout: int = 1800) -> int:
 
 # ---- the measurements ---------------------------------------------------------------------------
 def check_equal(out_dir: str, layers: int) -> dict:
-    path = write_random_checkpoint(os.path.join(out_dir, "ckpt"), LLAMA_8B, layers)
+    # Not under out_dir: $OUT brings back small files only.
+    path = write_random_checkpoint(os.path.join(os.environ.get("TMPDIR", "/tmp"), "tp-bench-ckpt"), LLAMA_8B, layers)
     found = {}
     for dtype in ("float32", "bfloat16"):
         for tp in (1, 2):

@@ -54,15 +54,25 @@ def join_group(rendezvous: Rendezvous, device: str) -> None:
     )
 
 
-def leave_group() -> None:
-    """Destroy the process group (idempotent), so a later engine in this process can join anew."""
+def leave_group(destroy: bool = True) -> None:
+    """Leave the group (idempotent), so a later engine in this process can join anew.
+
+    destroy=False after a peer died: NCCL's teardown waits for every rank, so the group is
+    aborted instead (or, where torch cannot, left to the process's exit).
+    """
     global _TP_GROUP
     if _TP_GROUP is None:
         return
     _TP_GROUP = None
     set_log_rank(None)
-    if dist.is_initialized():
+    if not dist.is_initialized():
+        return
+    if destroy or dist.get_backend() == "gloo":  # gloo tears down locally, dead peers or not
         dist.destroy_process_group()
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None:
+        abort()
 
 
 def _host(addr: str) -> str:

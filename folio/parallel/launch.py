@@ -28,19 +28,25 @@ class Lead:
     device: torch.device
 
     def stop(self, send_stop) -> None:  # noqa: ANN001 - the runner's shutdown_followers
-        """Tell the followers to stop (if the group still works), wait for them, leave."""
+        """Tell the followers to stop (if the group still works), leave, wait for them.
+
+        Rank 0 leaves before it waits: NCCL's teardown is collective (every rank finalises its
+        communicator together), so waiting first would stall until the workers are killed.
+        """
+        healthy = self.workers.failure is None
         try:
-            if self.workers.failure is None:
+            if healthy:
                 send_stop()
         except Exception as e:  # noqa: BLE001 - a dead peer: the workers are terminated below
+            healthy = False
             logger.warning("Could not tell the workers to stop: %s", e)
+        leave_group(destroy=healthy)
         self.workers.stop()
-        leave_group()
 
     def abandon(self) -> None:
         """Start-up failed on rank 0: end the workers without talking to them."""
         self.workers.terminate()
-        leave_group()
+        leave_group(destroy=False)
 
 
 def lead(config: EngineConfig) -> Lead:
