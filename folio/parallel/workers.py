@@ -14,6 +14,7 @@ exit status 1. An idle engine raises the failure at its next step.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -26,6 +27,15 @@ from folio.logger import init_logger
 from folio.parallel.rendezvous import Rendezvous
 
 logger = init_logger(__name__)
+
+
+# `folio serve` sets this: a server whose rank died exits (status 1) instead of answering errors.
+_EXIT_ON_WORKER_DEATH = False
+
+
+def exit_process_on_worker_death() -> None:
+    global _EXIT_ON_WORKER_DEATH
+    _EXIT_ON_WORKER_DEATH = True
 
 
 class WorkerDiedError(RuntimeError):
@@ -104,6 +114,9 @@ class WorkerGroup:
         self.failure = message
         logger.error("%s", message)
         self.terminate()
+        if _EXIT_ON_WORKER_DEATH:
+            logging.shutdown()
+            os._exit(1)
         if not self.failure_seen.wait(self.grace_s) and self.busy:
             logger.error("The engine did not stop within %.0f s of the worker's death; exiting.", self.grace_s)
             os._exit(1)
