@@ -54,11 +54,12 @@ def join_group(rendezvous: Rendezvous, device: str) -> None:
     )
 
 
-def leave_group(destroy: bool = True) -> None:
+def leave_group() -> None:
     """Leave the group (idempotent), so a later engine in this process can join anew.
 
-    destroy=False after a peer died: NCCL's teardown waits for every rank, so the group is
-    aborted instead (or, where torch cannot, left to the process's exit).
+    gloo is destroyed. NCCL is aborted instead: destroying it waits on every rank's teardown
+    (it hung on 2 x H200 with graphs holding the communicator), and after a peer died it would
+    wait forever; an abort frees the communicator locally. gloo tears down locally, dead peers or not.
     """
     global _TP_GROUP
     if _TP_GROUP is None:
@@ -67,11 +68,10 @@ def leave_group(destroy: bool = True) -> None:
     set_log_rank(None)
     if not dist.is_initialized():
         return
-    if destroy or dist.get_backend() == "gloo":  # gloo tears down locally, dead peers or not
-        dist.destroy_process_group()
-        return
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort is not None:
+    if dist.get_backend() == "gloo" or abort is None:
+        dist.destroy_process_group()
+    else:
         abort()
 
 

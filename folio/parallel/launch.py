@@ -30,23 +30,22 @@ class Lead:
     def stop(self, send_stop) -> None:  # noqa: ANN001 - the runner's shutdown_followers
         """Tell the followers to stop (if the group still works), leave, wait for them.
 
-        Rank 0 leaves before it waits: NCCL's teardown is collective (every rank finalises its
-        communicator together), so waiting first would stall until the workers are killed.
+        Rank 0 leaves before it waits, so no teardown of its own waits on a worker.
         """
-        healthy = self.workers.failure is None
         try:
-            if healthy:
+            if self.workers.failure is None:
                 send_stop()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()  # the stop has left before the communicator goes
         except Exception as e:  # noqa: BLE001 - a dead peer: the workers are terminated below
-            healthy = False
             logger.warning("Could not tell the workers to stop: %s", e)
-        leave_group(destroy=healthy)
+        leave_group()
         self.workers.stop()
 
     def abandon(self) -> None:
         """Start-up failed on rank 0: end the workers without talking to them."""
         self.workers.terminate()
-        leave_group(destroy=False)
+        leave_group()
 
 
 def lead(config: EngineConfig) -> Lead:
@@ -72,7 +71,7 @@ def serve_node(config: EngineConfig) -> int:
     config = _with_parallel(config, parallel)
     workers = WorkerGroup(config, rendezvous)
     try:
-        run_follower(config, rendezvous)
+        run_follower(config, rendezvous, exit_when_done=False)
     except BaseException:
         workers.terminate()
         raise

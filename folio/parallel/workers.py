@@ -133,7 +133,7 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def run_follower(config: EngineConfig, rendezvous: Rendezvous) -> None:
+def run_follower(config: EngineConfig, rendezvous: Rendezvous, exit_when_done: bool = True) -> None:
     """A worker's main: join the group, build this rank's runner and KV cache, follow rank 0."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: rank 0 decides
     from folio.parallel.follower import Follower
@@ -151,3 +151,9 @@ def run_follower(config: EngineConfig, rendezvous: Rendezvous) -> None:
         Follower(runner).run()
     finally:
         leave_group()
+    if not exit_when_done:  # a node's first rank, in its main process: the caller stops the rest
+        return
+    # Done: exit now, without interpreter teardown (destructors of CUDA graphs and NCCL state
+    # can block on peers that are gone); a failure above still raises with its traceback.
+    logging.shutdown()
+    os._exit(0)
