@@ -37,10 +37,11 @@ def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """Rank `src`'s `x` into every rank's `x` (same shape and dtype everywhere), in place."""
+def broadcast(x: torch.Tensor, src: int = 0, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Rank `src`'s `x` into every rank's `x` (same shape and dtype everywhere), in place.
+    group: the tensor-parallel group unless given (step plans use their own, untimed)."""
     if get_tp_size() > 1:
-        dist.broadcast(x, src=src, group=get_tp_group())
+        dist.broadcast(x, src=src, group=group or get_tp_group())
     return x
 
 

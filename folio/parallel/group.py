@@ -2,6 +2,8 @@
 
 Every rank calls `join_group` with the same Rendezvous; torch.distributed's TCP store on
 master_addr:master_port (torchrun's MASTER_ADDR/MASTER_PORT) is the only meeting protocol.
+Two groups over the same ranks: the model's collectives, with a timeout, and the step plans,
+without one (a follower waits on the next plan as long as the engine idles).
 NCCL on CUDA, gloo on the CPU. The group spans the whole world: one engine = one model.
 """
 
@@ -20,6 +22,11 @@ logger = init_logger(__name__)
 
 # The tensor-parallel peers of this process; None while running on one device.
 _TP_GROUP: dist.ProcessGroup | None = None
+# The same ranks, for step plans only: a follower waits on it for as long as the engine idles,
+# so it has no practical timeout (a dead peer is caught by the process watchers instead).
+_PLAN_GROUP: dist.ProcessGroup | None = None
+_PLAN_TIMEOUT = datetime.timedelta(days=365)
+_STARTUP_TIMEOUT_S = 600.0  # every rank must reach the rendezvous within this
 
 
 def backend_for(device: str) -> str:
@@ -28,22 +35,32 @@ def backend_for(device: str) -> str:
 
 def join_group(rendezvous: Rendezvous, device: str) -> None:
     """Initialise torch.distributed for this rank (blocks until every rank has joined)."""
-    global _TP_GROUP
+    global _TP_GROUP, _PLAN_GROUP
     if _TP_GROUP is not None:
         raise RuntimeError("This process already belongs to a tensor-parallel group.")
     os.environ.update(rendezvous.environ())
     if device == "cuda":
         torch.cuda.set_device(rendezvous.local_rank)
     set_log_rank(rendezvous.rank)
+    # Rendezvous through torch's TCP store, bounded by the start-up timeout; the world group
+    # (step plans) is untimed, the model's collectives get collective_timeout_s.
+    store = dist.TCPStore(
+        rendezvous.master_addr,
+        rendezvous.master_port,
+        rendezvous.world_size,
+        is_master=rendezvous.rank == 0,
+        timeout=datetime.timedelta(seconds=max(rendezvous.timeout_s, _STARTUP_TIMEOUT_S)),
+    )
     dist.init_process_group(
         backend=backend_for(device),
-        init_method=f"tcp://{_host(rendezvous.master_addr)}:{rendezvous.master_port}",
+        store=store,
         world_size=rendezvous.world_size,
         rank=rendezvous.rank,
-        timeout=datetime.timedelta(seconds=rendezvous.timeout_s),
+        timeout=_PLAN_TIMEOUT,
         device_id=torch.device("cuda", rendezvous.local_rank) if device == "cuda" else None,
     )
-    _TP_GROUP = dist.group.WORLD
+    _PLAN_GROUP = dist.group.WORLD
+    _TP_GROUP = dist.new_group(timeout=datetime.timedelta(seconds=rendezvous.timeout_s))
     logger.info(
         "Joined the tensor-parallel group: rank %d of %d (%s, %s:%d)",
         rendezvous.rank,
@@ -61,10 +78,10 @@ def leave_group() -> None:
     (it hung on 2 x H200 with graphs holding the communicator), and after a peer died it would
     wait forever; an abort frees the communicator locally. gloo tears down locally, dead peers or not.
     """
-    global _TP_GROUP
+    global _TP_GROUP, _PLAN_GROUP
     if _TP_GROUP is None:
         return
-    _TP_GROUP = None
+    _TP_GROUP = _PLAN_GROUP = None
     set_log_rank(None)
     if not dist.is_initialized():
         return
@@ -75,12 +92,12 @@ def leave_group() -> None:
         abort()
 
 
-def _host(addr: str) -> str:
-    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
-
-
 def get_tp_group() -> dist.ProcessGroup | None:
     return _TP_GROUP
+
+
+def get_plan_group() -> dist.ProcessGroup | None:
+    return _PLAN_GROUP
 
 
 def get_tp_rank() -> int:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from folio.parallel.collectives import broadcast
+from folio.parallel.collectives import broadcast as _broadcast
+from folio.parallel.group import get_plan_group
 
 HEADER_LEN = 16
 STOP, STEP = 0, 1
@@ -124,6 +125,11 @@ def receive(device: torch.device) -> StepPlan | None:
         blocks_to_swap_out=[tuple(p) for p in pairs[n_copy : n_copy + n_out]],
         blocks_to_swap_in=[tuple(p) for p in pairs[n_copy + n_out : n_copy + n_out + n_in]],
     )
+
+
+def broadcast(x: torch.Tensor) -> torch.Tensor:
+    """Plans travel on their own group: a follower may wait on one as long as the engine idles."""
+    return _broadcast(x, group=get_plan_group())
 
 
 def table_width(max_seq_len: int, block_size: int) -> int:

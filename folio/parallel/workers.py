@@ -145,6 +145,7 @@ def run_follower(config: EngineConfig, rendezvous: Rendezvous, exit_when_done: b
 
         torch.set_num_threads(max(1, torch.get_num_threads() // config.parallel.ranks_per_node))
     join_group(rendezvous, config.device.device)
+    _exit_when_orphaned()
     try:
         runner = ModelRunner(config)
         runner.initialize_kv_cache(runner.determine_num_blocks())
@@ -157,3 +158,20 @@ def run_follower(config: EngineConfig, rendezvous: Rendezvous, exit_when_done: b
     # can block on peers that are gone); a failure above still raises with its traceback.
     logging.shutdown()
     os._exit(0)
+
+
+def _exit_when_orphaned() -> None:
+    """A worker whose engine process died exits within a second (a follower may be blocked in
+    a collective that would never end under NCCL)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:  # a node's first rank, started by hand: nothing to watch
+        return
+
+    def watch() -> None:
+        while parent.is_alive():
+            time.sleep(0.5)
+        logger.error("The engine process (rank 0) is gone; this worker exits.")
+        logging.shutdown()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="folio-tp-orphan-watch", daemon=True).start()

@@ -8,6 +8,8 @@ KV heads, Qwen3 with one KV head replicates it, OPT has biases and learned posit
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import multiprocessing
 import os
 import signal
@@ -62,10 +64,22 @@ def test_tp2_greedy_tokens_equal_tp1(kind: str, tmp_path) -> None:
     assert not multiprocessing.active_children()
 
 
-def test_killed_worker_fails_the_engine_within_seconds(tmp_path) -> None:
+def test_idle_past_the_collective_timeout_then_a_killed_worker_fails_within_seconds(tmp_path) -> None:
+    from folio.engine.arg_utils import EngineArgs
+    from folio.engine.llm_engine import LLMEngine
+
     path = make_tiny_checkpoint("llama", tmp_path / "llama")
-    llm = _llm(path, 2)
+    args = EngineArgs(model=path, dtype="float32", device="cpu", tensor_parallel_size=2, max_model_len=128,
+                      max_num_seqs=4, num_gpu_blocks_override=24)
+    config = args.create_engine_config()
+    config = dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, collective_timeout_s=2.0))
+    llm = LLM.__new__(LLM)
+    llm.llm_engine = LLMEngine(config)
+    llm._request_counter = itertools.count()
     try:
+        first = _run(llm)
+        time.sleep(3)  # the followers wait for the next plan longer than the collective timeout
+        assert _run(llm) == first
         (worker,) = llm.llm_engine._tp.workers.processes.values()
         os.kill(worker.pid, signal.SIGKILL)
         start = time.monotonic()
