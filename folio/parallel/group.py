@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 
 import torch
 import torch.distributed as dist
@@ -71,20 +72,27 @@ def join_group(rendezvous: Rendezvous, device: str) -> None:
     )
 
 
-def leave_group() -> None:
+def leave_group(timeout_s: float = 10.0) -> None:
     """Leave the group (idempotent), so a later engine in this process can join anew.
 
-    gloo is destroyed. NCCL is aborted instead: destroying it waits on every rank's teardown
-    (it hung on 2 x H200 with graphs holding the communicator), and after a peer died it would
-    wait forever; an abort frees the communicator locally. gloo tears down locally, dead peers or not.
+    gloo is destroyed. NCCL is aborted (a destroy waits on every rank's teardown, forever after
+    a peer died). Either runs on a helper thread for at most timeout_s: a teardown that blocks
+    is logged and abandoned rather than hanging the engine's shutdown.
     """
     global _TP_GROUP, _PLAN_GROUP
     if _TP_GROUP is None:
         return
     _TP_GROUP = _PLAN_GROUP = None
+    if dist.is_initialized():
+        done = threading.Thread(target=_tear_down, name="folio-tp-teardown", daemon=True)
+        done.start()
+        done.join(timeout_s)
+        if done.is_alive():
+            logger.warning("The process group's teardown did not finish in %.0f s; leaving it.", timeout_s)
     set_log_rank(None)
-    if not dist.is_initialized():
-        return
+
+
+def _tear_down() -> None:
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     if dist.get_backend() == "gloo" or abort is None:
         dist.destroy_process_group()

@@ -32,6 +32,7 @@ class Lead:
 
         Rank 0 leaves before it waits, so no teardown of its own waits on a worker.
         """
+        self.workers.expect_exit()
         try:
             if self.workers.failure is None:
                 send_stop()

@@ -74,6 +74,10 @@ class WorkerGroup:
             self.failure_seen.set()
             raise WorkerDiedError(self.failure)
 
+    def expect_exit(self) -> None:
+        """From now on a worker's exit is the shutdown, not a failure."""
+        self._stopping = True
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Wait for the workers to leave (rank 0 sent them stop), terminating stragglers."""
         self._stopping = True
@@ -146,16 +150,15 @@ def run_follower(config: EngineConfig, rendezvous: Rendezvous, exit_when_done: b
         torch.set_num_threads(max(1, torch.get_num_threads() // config.parallel.ranks_per_node))
     join_group(rendezvous, config.device.device)
     _exit_when_orphaned()
-    try:
-        runner = ModelRunner(config)
-        runner.initialize_kv_cache(runner.determine_num_blocks())
-        Follower(runner).run()
-    finally:
-        leave_group()
+    runner = ModelRunner(config)
+    runner.initialize_kv_cache(runner.determine_num_blocks())
+    Follower(runner).run()
     if not exit_when_done:  # a node's first rank, in its main process: the caller stops the rest
+        runner.release_graphs()
+        leave_group()
         return
-    # Done: exit now, without interpreter teardown (destructors of CUDA graphs and NCCL state
-    # can block on peers that are gone); a failure above still raises with its traceback.
+    # Done: exit now, without tearing down the group or the interpreter (an NCCL teardown can
+    # wait on peers; the process's exit frees all of it). A failure above raises with its traceback.
     logging.shutdown()
     os._exit(0)
 

@@ -10,6 +10,8 @@ step's, whatever the host has done meanwhile.
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from folio.attention import get_attention_backend
@@ -294,6 +296,14 @@ class ModelRunner:
         if self.leads_followers:
             self.leads_followers = False
             step_plan.send_stop(self.device)
+        self.release_graphs()
+
+    def release_graphs(self) -> None:
+        """Free the CUDA graphs (before the NCCL communicator their all-reduces use goes)."""
+        if self.graphs is not None:
+            self.graphs = None
+            gc.collect()
+            torch.cuda.synchronize()
 
     def _graph_bucket(self, scheduler_output: SchedulerOutput) -> int | None:
         """The captured batch size to replay for a decode-only step (one token per request)."""
