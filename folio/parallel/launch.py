@@ -7,11 +7,12 @@ the same command line as node 0 with --node-rank set (docs/tensor-parallel.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
-from folio.config import EngineConfig
+from folio.config import EngineConfig, ParallelConfig
 from folio.logger import init_logger
 from folio.parallel import rendezvous as rdv
 from folio.parallel.group import join_group, leave_group
@@ -27,9 +28,10 @@ class Lead:
     workers: WorkerGroup
     device: torch.device
 
-    def stop(self, send_stop) -> None:  # noqa: ANN001 - the runner's shutdown_followers
-        """Tell the followers to stop (if the group still works), leave, wait for them.
+    def stop(self, send_stop: Callable[[], None]) -> None:
+        """Stop the followers, leave the group, then wait for the workers.
 
+        send_stop is the runner's shutdown_followers (broadcasts stop, frees its CUDA graphs).
         Rank 0 leaves before it waits, so no teardown of its own waits on a worker.
         """
         self.workers.expect_exit()
@@ -80,7 +82,5 @@ def serve_node(config: EngineConfig) -> int:
     return 1 if workers.failure else 0
 
 
-def _with_parallel(config: EngineConfig, parallel) -> EngineConfig:  # noqa: ANN001
-    from dataclasses import replace
-
+def _with_parallel(config: EngineConfig, parallel: ParallelConfig) -> EngineConfig:
     return replace(config, parallel=parallel)
