@@ -89,6 +89,10 @@ class EngineStats:
     kv_waste_fraction: float = 0.0
     kv_waste_fraction_prealloc_max_model_len: float = 0.0
     kv_waste_fraction_prealloc_max_tokens: float = 0.0
+    # Tensor parallelism: every rank holds num_blocks blocks of its own KV heads (one block
+    # table for all, so the waste fractions above hold on each rank); bytes on each rank.
+    tensor_parallel_size: int = 1
+    kv_cache_bytes_per_rank: int = 0
 
 
 class LLMEngine:
@@ -284,6 +288,8 @@ class LLMEngine:
             num_free_blocks=s.kv_cache_manager.num_free_blocks,
             kv_cache_usage=s.kv_usage,
             num_preemptions=s.num_preemptions,
+            tensor_parallel_size=self.config.parallel.tensor_parallel_size,
+            kv_cache_bytes_per_rank=self.num_blocks * self.runner.kv_spec.bytes_per_block,
             **_memory_stats(s),
         )
 

@@ -47,10 +47,16 @@ def _run(llm: LLM) -> list[tuple]:
 @pytest.mark.parametrize("kind", list(CHECKPOINTS))
 def test_tp2_greedy_tokens_equal_tp1(kind: str, tmp_path) -> None:
     path = make_tiny_checkpoint(kind, tmp_path / kind, **CHECKPOINTS[kind])
-    reference = _run(_llm(path, 1))
+    one = _llm(path, 1)
+    reference = _run(one)
     llm = _llm(path, 2)
     try:
         got = _run(llm)
+        # Each rank caches half of the KV heads (Qwen3's single KV head: all of it, on both).
+        stats, ref_stats = llm.llm_engine.stats(), one.llm_engine.stats()
+        share = 1 if CHECKPOINTS[kind].get("num_key_value_heads") == 1 else 2
+        assert stats.tensor_parallel_size == 2
+        assert stats.kv_cache_bytes_per_rank * share == ref_stats.kv_cache_bytes_per_rank
         workers = list(llm.llm_engine._tp.workers.processes.values())
     finally:
         llm.llm_engine.shutdown()
