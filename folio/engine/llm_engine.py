@@ -202,7 +202,7 @@ class LLMEngine:
         try:
             return self._step()
         except Exception as e:
-            workers.check()  # a dead worker explains a failed collective
+            workers.check(wait_s=2.0)  # a dead worker explains a failed collective
             raise e
         finally:
             workers.busy = False

@@ -10,6 +10,7 @@ NCCL on CUDA, gloo on the CPU. The group spans the whole world: one engine = one
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 import os
 import threading
 
@@ -84,20 +85,30 @@ def leave_group(timeout_s: float = 10.0) -> None:
         return
     _TP_GROUP = _PLAN_GROUP = None
     if dist.is_initialized():
-        done = threading.Thread(target=_tear_down, name="folio-tp-teardown", daemon=True)
-        done.start()
-        done.join(timeout_s)
-        if done.is_alive():
-            logger.warning("The process group's teardown did not finish in %.0f s; leaving it.", timeout_s)
+        run_bounded(_tear_down, timeout_s, "the process group's teardown")
     set_log_rank(None)
+
+
+def run_bounded(fn: Callable[[], None], timeout_s: float, what: str) -> None:
+    """fn() on a helper thread, waited for at most timeout_s (then logged and abandoned).
+    Inline at interpreter shutdown, where Python 3.12 refuses new threads."""
+    try:
+        thread = threading.Thread(target=fn, name="folio-tp-bounded", daemon=True)
+        thread.start()
+    except RuntimeError:
+        fn()
+        return
+    thread.join(timeout_s)
+    if thread.is_alive():
+        logger.warning("%s did not finish in %.0f s; going on without it.", what.capitalize(), timeout_s)
 
 
 def _tear_down() -> None:
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if dist.get_backend() == "gloo" or abort is None:
-        dist.destroy_process_group()
-    else:
-        abort()
+    if dist.get_backend() != "gloo" and abort is not None:
+        abort()  # frees the communicators without waiting on peers
+    if dist.is_initialized():
+        dist.destroy_process_group()  # the group bookkeeping (immediate after an abort)
 
 
 def get_tp_group() -> dist.ProcessGroup | None:

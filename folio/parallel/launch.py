@@ -15,10 +15,12 @@ import torch
 from folio.config import EngineConfig, ParallelConfig
 from folio.logger import init_logger
 from folio.parallel import rendezvous as rdv
-from folio.parallel.group import join_group, leave_group
+from folio.parallel.group import join_group, leave_group, run_bounded
 from folio.parallel.workers import WorkerGroup, run_follower
 
 logger = init_logger(__name__)
+
+_STOP_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -35,15 +37,19 @@ class Lead:
         Rank 0 leaves before it waits, so no teardown of its own waits on a worker.
         """
         self.workers.expect_exit()
+        # Bounded: a stop that blocks on the device must not hang; the workers are ended below.
+        run_bounded(lambda: self._leave(send_stop), _STOP_TIMEOUT_S, "stopping the tensor-parallel group")
+        self.workers.stop()
+
+    def _leave(self, send_stop: Callable[[], None]) -> None:
         try:
             if self.workers.failure is None:
                 send_stop()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()  # the stop has left before the communicator goes
-        except Exception as e:  # noqa: BLE001 - a dead peer: the workers are terminated below
+        except Exception as e:  # noqa: BLE001 - a dead peer: the workers are terminated after
             logger.warning("Could not tell the workers to stop: %s", e)
         leave_group()
-        self.workers.stop()
 
     def abandon(self) -> None:
         """Start-up failed on rank 0: end the workers without talking to them."""

@@ -68,8 +68,18 @@ class WorkerGroup:
         self._watcher = threading.Thread(target=self._watch, name="folio-tp-watcher", daemon=True)
         self._watcher.start()
 
-    def check(self) -> None:
-        """Raise WorkerDiedError if a worker has died."""
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise WorkerDiedError if a worker has died. wait_s: after a failed collective, give a
+        death that caused it this long to show (the watcher may be reaping the process now)."""
+        deadline = time.monotonic() + wait_s
+        while self.failure is None and not self._stopping:
+            dead = [(rank, p) for rank, p in self.processes.items() if p.exitcode is not None]
+            if dead:
+                self.failure = _death_message(*dead[0])
+            elif time.monotonic() >= deadline:
+                break
+            else:
+                time.sleep(0.05)
         if self.failure is not None:
             self.failure_seen.set()
             raise WorkerDiedError(self.failure)
@@ -110,13 +120,12 @@ class WorkerGroup:
                 if self._stopping:
                     continue
                 process.join(1.0)
-                self._fail(f"Tensor-parallel worker rank {rank} (pid {process.pid}) died "
-                           f"({_describe_exit(process.exitcode)}); the engine cannot continue.")
+                self._fail(_death_message(rank, process))
                 return
 
     def _fail(self, message: str) -> None:
-        self.failure = message
-        logger.error("%s", message)
+        self.failure = self.failure or message
+        logger.error("%s", self.failure)
         self.terminate()
         if _EXIT_ON_WORKER_DEATH:
             logging.shutdown()
@@ -124,6 +133,11 @@ class WorkerGroup:
         if not self.failure_seen.wait(self.grace_s) and self.busy:
             logger.error("The engine did not stop within %.0f s of the worker's death; exiting.", self.grace_s)
             os._exit(1)
+
+
+def _death_message(rank: int, process: multiprocessing.process.BaseProcess) -> str:
+    return (f"Tensor-parallel worker rank {rank} (pid {process.pid}) died "
+            f"({_describe_exit(process.exitcode)}); the engine cannot continue.")
 
 
 def _describe_exit(code: int | None) -> str:
