@@ -17,6 +17,7 @@ LAYERS = [
     ("folio/engine", "LLMEngine and AsyncLLM: requests in, RequestOutputs out; text, stop strings, beams."),
     ("folio/core", "Scheduling and KV-block bookkeeping, pure Python (no torch): tested with fake requests."),
     ("folio/worker", "The model runner: flat batch tensors, the KV cache tensor, CUDA graphs, block moves."),
+    ("folio/parallel", "Tensor parallelism: the process group, collectives, worker processes and the per-step plan."),
     ("folio/sample", "Sampling on the device, in vLLM v1's order."),
     ("folio/structured_output", "Structured outputs: grammar backends and per-request grammar state."),
     ("folio/models", "The architectures and checkpoint loading."),

@@ -85,6 +85,13 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"  # "fp8": e4m3 KV cache, half the bytes per token
     # vLLM's structured_outputs_config: a dict of StructuredOutputsConfig fields (or the object).
     structured_outputs_config: dict[str, Any] | StructuredOutputsConfig | None = None
+    # Tensor parallelism (docs/tensor-parallel.md): ranks, and torchrun-style rendezvous.
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None or "mp"
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -142,7 +149,18 @@ class EngineArgs:
         lora = LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora else None
         self._warn_unused_lora_args()
         structured = StructuredOutputsConfig.from_value(self.structured_outputs_config)
-        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig(), lora=lora,
+        parallel = ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            nnodes=self.nnodes,
+            node_rank=self.node_rank,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            distributed_executor_backend=self.distributed_executor_backend,
+        )
+        if lora is not None and parallel.tensor_parallel_size > 1:
+            # The step plan sent to the workers does not carry adapter slots yet (docs/lora.md).
+            raise ValueError("enable_lora with tensor_parallel_size > 1 is not supported yet.")
+        return EngineConfig(model, cache, scheduler, DeviceConfig(device), parallel, lora=lora,
                             structured_outputs=structured)
 
     def _warn_unused_lora_args(self) -> None:
@@ -217,10 +235,23 @@ class EngineArgs:
             default=None,
             help='grammar backend options as JSON, e.g. \'{"backend": "xgrammar"}\' (auto, xgrammar, guidance)',
         )
+        EngineArgs._add_parallel_cli_args(parser)
         from folio.engine.vllm_cli import add_vllm_flags
 
         add_vllm_flags(parser)  # vLLM's flag names, after folio's own (which take precedence)
         return parser
+
+    @staticmethod
+    def _add_parallel_cli_args(parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("tensor parallelism (docs/tensor-parallel.md)")
+        g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs (ranks) sharing the model")
+        g.add_argument("--distributed-executor-backend", default=None, choices=["mp"],
+                       help="one process per rank, started by the engine (the only backend)")
+        g.add_argument("--nnodes", type=int, default=1, help="machines the ranks span (torchrun's NNODES)")
+        g.add_argument("--node-rank", type=int, default=0, help="this machine's index (torchrun's NODE_RANK)")
+        g.add_argument("--master-addr", default=None, help="rank 0's address (default: $MASTER_ADDR, or 127.0.0.1)")
+        g.add_argument("--master-port", type=int, default=None,
+                       help="rank 0's rendezvous port (default: $MASTER_PORT, or a free port on one node)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

@@ -31,6 +31,7 @@ import dataclasses
 import os
 from collections import Counter
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ from folio.engine.output_processor import OutputProcessor
 from folio.logger import init_logger
 from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
+from folio.parallel.launch import Lead, lead
 from folio.sampling_params import SamplingParams
 from folio.structured_output.manager import StructuredOutputManager
 from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
@@ -100,6 +102,10 @@ class EngineStats:
     lora_running: tuple[tuple[str, int], ...] = ()
     lora_waiting: tuple[tuple[str, int], ...] = ()
     max_loras: int = 0
+    # Tensor parallelism: every rank holds num_blocks blocks of its own KV heads (one block
+    # table for all, so the waste fractions above hold on each rank); bytes on each rank.
+    tensor_parallel_size: int = 1
+    kv_cache_bytes_per_rank: int = 0
 
 
 class LLMEngine:
@@ -107,9 +113,19 @@ class LLMEngine:
         start = time.perf_counter()
         self.config = config
         self.tokenizer = _load_tokenizer(config)
-        self.runner = ModelRunner(config)
-        self.num_blocks = self.runner.determine_num_blocks()
-        self.runner.initialize_kv_cache(self.num_blocks)
+        # Tensor parallelism: this process is rank 0; workers repeat each step (parallel/).
+        self._tp: Lead | None = lead(config) if config.parallel.tensor_parallel_size > 1 else None
+        try:
+            self.runner = ModelRunner(config)
+            self.num_blocks = self.runner.determine_num_blocks()
+            self.runner.initialize_kv_cache(self.num_blocks)
+        except BaseException:
+            if self._tp is not None:
+                self._tp.abandon()
+            raise
+        self.runner.leads_followers = self._tp is not None
+        # Stops the workers when shutdown() is called, the engine is collected, or Python exits.
+        self._stop_tp = weakref.finalize(self, self._tp.stop, self.runner.shutdown_followers) if self._tp else None
         self.scheduler = Scheduler(
             config.scheduler,
             self.num_blocks,
@@ -208,6 +224,25 @@ class LLMEngine:
         """The outputs of one step. With async scheduling the next step is running on the
         device when this returns, unless nothing is left to run or a request needs
         synchronous steps."""
+        if self._tp is None:
+            return self._step()
+        workers = self._tp.workers
+        workers.check()
+        workers.busy = True
+        try:
+            return self._step()
+        except Exception as e:
+            workers.check(wait_s=2.0)  # a dead worker explains a failed collective
+            raise e
+        finally:
+            workers.busy = False
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers and leave the group (no-op on one device)."""
+        if self._stop_tp is not None:
+            self._stop_tp()
+
+    def _step(self) -> list[RequestOutput]:
         self._admit_compiled()
         if not self.async_scheduling:
             scheduler_output = self.scheduler.schedule()
@@ -358,6 +393,8 @@ class LLMEngine:
             num_free_blocks=s.kv_cache_manager.num_free_blocks,
             kv_cache_usage=s.kv_usage,
             num_preemptions=s.num_preemptions,
+            tensor_parallel_size=self.config.parallel.tensor_parallel_size,
+            kv_cache_bytes_per_rank=self.num_blocks * self.runner.kv_spec.bytes_per_block,
             **_memory_stats(s),
             **_lora_stats(s),
         )

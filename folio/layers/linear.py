@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import nn
 
+from folio.layers.checkpoint_slice import as_tensor
 from folio.layers.quantization.base import LinearMethod, UnquantizedLinearMethod, set_weight_attrs
 from folio.parallel import all_reduce, get_tp_rank, get_tp_size
 
@@ -144,12 +145,13 @@ class LinearBase(nn.Module):
                 start, size = start // group, size // group
             loaded = self._narrow_checked(loaded, input_dim, start, size, where)
         check_shape(where, target.shape, loaded)
-        target.copy_(loaded)
+        target.copy_(as_tensor(loaded))  # reads only this rank's slice of a checkpoint file
 
     def _load_shard_entry(
         self, param: nn.Parameter, loaded: torch.Tensor, index: int | None, where: str
     ) -> None:
         target = param.data[0 if index is None else index]
+        loaded = as_tensor(loaded)  # a lazily sliced checkpoint tensor, read now
         if target.dim() == 0:
             if loaded.numel() != 1:
                 raise ValueError(f"{where}: expected a per-tensor scale, got {tuple(loaded.shape)}.")
@@ -269,7 +271,13 @@ class MergedColumnLinear(LinearBase):
 
 
 class QKVLinear(MergedColumnLinear):
-    """Q, K and V projections in one matmul: [tokens, hidden] -> [tokens, (H + 2 * Hkv) * D]."""
+    """Q, K and V projections in one matmul: [tokens, hidden] -> [tokens, (H + 2 * Hkv) * D]
+    per rank, with H and Hkv this rank's heads.
+
+    Query heads split evenly over the ranks. KV heads split too while there are at least as
+    many as ranks; with fewer, each is replicated on tp / Hkv consecutive ranks, so every rank
+    holds exactly the KV head its query heads read (rank r: head r // (tp / Hkv)).
+    """
 
     def __init__(
         self,
@@ -292,3 +300,30 @@ class QKVLinear(MergedColumnLinear):
             quant_config=quant_config,
             prefix=prefix,
         )
+
+    @property
+    def num_heads_per_rank(self) -> int:
+        return self.output_partition_sizes[0] // self.head_dim
+
+    @property
+    def num_kv_heads_per_rank(self) -> int:
+        return self.output_partition_sizes[1] // self.head_dim
+
+    def partition(self) -> tuple[int, list[int]]:
+        tp, heads, kv_heads = self.tp_size, self.num_heads, self.num_kv_heads
+        if heads % tp:
+            raise ValueError(f"{heads} attention heads do not divide over {tp} tensor-parallel ranks.")
+        if (kv_heads % tp if kv_heads >= tp else tp % kv_heads):
+            raise ValueError(
+                f"{kv_heads} KV heads cannot be split or replicated evenly over {tp} tensor-parallel ranks."
+            )
+        q_size = heads // tp * self.head_dim
+        kv_size = max(kv_heads // tp, 1) * self.head_dim
+        return self.input_size, [q_size, kv_size, kv_size]
+
+    def shard_slice(self, index: int) -> tuple[int, int]:
+        size = self.output_partition_sizes[index]
+        if index == 0:
+            return self.tp_rank * size, size
+        replicas = max(self.tp_size // self.num_kv_heads, 1)  # ranks sharing one KV head
+        return self.tp_rank // replicas * size, size

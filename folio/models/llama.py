@@ -88,8 +88,6 @@ class LlamaAttention(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
-        self.num_heads = args.num_heads
-        self.num_kv_heads = args.num_kv_heads
         self.head_dim = args.head_dim
         self.qkv_proj = QKVLinear(
             args.hidden_size,
@@ -100,6 +98,9 @@ class LlamaAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.qkv_proj",
         )
+        # This rank's heads (all of them at tp = 1): the attention and its KV cache hold only these.
+        self.num_heads = self.qkv_proj.num_heads_per_rank
+        self.num_kv_heads = self.qkv_proj.num_kv_heads_per_rank
         self.o_proj = RowParallelLinear(
             args.num_heads * args.head_dim,
             args.hidden_size,
@@ -111,10 +112,10 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.rotary_emb = rotary_emb  # shared by all layers
         self.attn = Attention(
-            args.num_heads,
+            self.num_heads,
             args.head_dim,
             args.head_dim**-0.5,
-            args.num_kv_heads,
+            self.num_kv_heads,
             backend,
             sliding_window=args.sliding_windows[layer_idx],
         )

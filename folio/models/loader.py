@@ -13,6 +13,7 @@ from folio.config.model import ModelConfig
 from folio.layers.quantization import get_quantization_config, process_weights_after_loading
 from folio.logger import init_logger
 from folio.models.base import CausalLM
+from folio.parallel import get_tp_size
 from folio.models.registry import get_model_class
 from folio.models.weight_utils import (
     checkpoint_files,
@@ -49,7 +50,8 @@ def build_model(
 def load_checkpoint(model: CausalLM, model_config: ModelConfig) -> None:
     """Copy the checkpoint into `model`, or ValueError naming the parameters it lacks."""
     fmt, files = checkpoint_files(model_config.model, model_config.load_format)
-    loaded = model.load_weights(iterate_weights(files, fmt))
+    # Under tensor parallelism each rank reads only its slices of the safetensors files.
+    loaded = model.load_weights(iterate_weights(files, fmt, sliced=get_tp_size() > 1))
     missing = missing_params(model, loaded)
     if missing:
         shown = ", ".join(missing[:10])

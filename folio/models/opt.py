@@ -82,7 +82,8 @@ class OPTAttention(nn.Module):
             args.hidden_size, args.hidden_size, bias=args.bias,
             quant_config=quant_config, prefix=f"{prefix}.out_proj",
         )
-        self.attn = Attention(args.num_heads, head_dim, head_dim**-0.5, args.num_heads, backend)
+        heads = self.qkv_proj.num_heads_per_rank  # this rank's share (all at tp = 1)
+        self.attn = Attention(heads, head_dim, head_dim**-0.5, heads, backend)
 
     def forward(self, hidden: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))  # [tokens, hidden] each
@@ -130,7 +131,10 @@ class OPTDecoder(nn.Module):
         super().__init__()
         projected = args.word_embed_proj_dim != args.hidden_size
         self.embed_tokens = VocabEmbedding(args.vocab_size, args.word_embed_proj_dim)
-        self.embed_positions = VocabEmbedding(args.max_position + POSITION_OFFSET, args.hidden_size)
+        # Learned positions: every rank needs every row, so the table is replicated.
+        self.embed_positions = VocabEmbedding(
+            args.max_position + POSITION_OFFSET, args.hidden_size, parallel=False
+        )
         # The projections stay unquantized and replicated (vLLM keeps them so too): tiny, and
         # quantization tools leave them out.
         self.project_in = Linear(args.word_embed_proj_dim, args.hidden_size) if projected else None

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from folio.layers.checkpoint_slice import CheckpointSlice, as_tensor
 from folio.layers.layernorm import LayerNorm, RMSNorm
 from folio.layers.linear import check_shape
 from folio.logger import init_logger
@@ -97,6 +98,16 @@ def _read_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, f.get_tensor(name)
 
 
+def _slice_safetensors(path: str) -> Iterator[tuple[str, CheckpointSlice]]:
+    """Unread slices (tensor parallelism): each rank reads only the part it loads."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt", device="cpu") as f:
+        for name in f.keys():
+            source = f.get_slice(name)
+            yield name, CheckpointSlice(source, tuple(source.get_shape()))
+
+
 def _read_pt(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     # weights_only: a .bin is a pickle, and only tensors may come out of it.
     try:
@@ -108,9 +119,12 @@ def _read_pt(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     del state
 
 
-def iterate_weights(files: Sequence[str], fmt: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, CPU tensor) for every tensor of every file, with a progress bar over shards."""
+def iterate_weights(files: Sequence[str], fmt: str, sliced: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for every tensor of every file, with a progress bar over shards.
+    sliced (safetensors only): CheckpointSlices instead, read when copied (tensor parallelism)."""
     read = _read_safetensors if fmt == "safetensors" else _read_pt
+    if sliced and fmt == "safetensors":
+        read = _slice_safetensors  # type: ignore[assignment]
     for path in tqdm(files, desc="Loading checkpoint shards", unit="shard", leave=False):
         yield from read(path)
 
@@ -152,7 +166,7 @@ def load_params(
             weight_loader(param, tensor, shard_id)
         elif shard_id is None:
             check_shape(name, param.shape, tensor)
-            param.data.copy_(tensor)
+            param.data.copy_(as_tensor(tensor))
         else:
             raise ValueError(f"{name} is a shard of {target}, which is not a merged layer.")
         if shard_id is None:

@@ -10,6 +10,7 @@ step's, whatever the host has done meanwhile.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,8 @@ from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from folio.logger import init_logger
 from folio.lora.manager import LoRAManager
 from folio.models.loader import load_model
+from folio.parallel import all_reduce_min, get_tp_rank, get_tp_size
+from folio.parallel import step_plan
 from folio.sample.metadata import SamplingMetadata, SamplingRow
 from folio.sample.sampler import Sampler, gather_logprobs, make_request_generator
 from folio.sample.transfer import to_device
@@ -67,7 +70,7 @@ class ModelRunner:
         self.kv_spec = kvc.KVCacheSpec(
             num_layers=len(self.model.attention_layers()),
             block_size=self.block_size,
-            num_kv_heads=config.model.num_kv_heads,
+            num_kv_heads=self._kv_heads_per_rank(),
             head_dim=config.model.head_dim,
             dtype=torch.float8_e4m3fn if config.cache.fp8 else self.dtype,
         )
@@ -85,6 +88,13 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs_done: dict[str, int] = {}
         self.last_sampled = DeviceSampledIds(self.device)
+        # Rank 0 of several: each launched step is broadcast to the followers (parallel/follower.py).
+        self.leads_followers = False
+
+    def _kv_heads_per_rank(self) -> int:
+        """KV heads this rank caches: its attention layers' share (all of them at tp=1)."""
+        layers = self.model.attention_layers()
+        return layers[0].num_kv_heads if layers else self.config.model.num_kv_heads
 
     def _wrap_lora(self, config: EngineConfig) -> LoRAManager | None:
         """Multi-LoRA: wrap the loaded model's linear layers around GPU adapter slots."""
@@ -109,6 +119,9 @@ class ModelRunner:
         else:
             num_blocks = kvc.cpu_num_blocks(self.kv_spec, self.config)
             source = f"CPU budget {self.config.cache.cpu_kv_cache_space_gib:g} GiB"
+        if get_tp_size() > 1:  # every rank must hold the same block ids: the smallest cache wins
+            own, num_blocks = num_blocks, all_reduce_min(num_blocks, self.device)
+            source += f", {own} on rank {get_tp_rank()}, minimum over {get_tp_size()} ranks"
         kvc.check_fits_one_sequence(num_blocks, self.config)
         kvc.log_kv_cache_decision(num_blocks, self.kv_spec, self.config, source)
         return num_blocks
@@ -202,6 +215,8 @@ class ModelRunner:
         scheduled = scheduler_output.scheduled
         pending = PendingOutput([s.request_id for s in scheduled])
         if not scheduled:
+            if self.leads_followers and _moves(scheduler_output) != ((), (), ()):
+                self._send_moves_only(scheduler_output)
             self.last_sampled.record(None, [], [])
             return StagedStep(scheduled, None, None, pending)
         bucket = self._graph_bucket(scheduler_output)
@@ -211,6 +226,8 @@ class ModelRunner:
         if inputs.placeholder_rows:
             request_ids = [scheduled[i].request_id for i in inputs.placeholder_batch_indices]
             self.last_sampled.fill(inputs.input_ids, inputs.placeholder_rows, request_ids)
+        if self.leads_followers:
+            self._send_plan(inputs, bucket, scheduler_output)
         if bucket is not None and self.graphs is not None:
             hidden = self.graphs.replay(bucket)  # [bucket, hidden]
         else:
@@ -301,6 +318,47 @@ class ModelRunner:
             self.generators.pop(request_id, None)
             self.prompt_logprobs_done.pop(request_id, None)
 
+    def _send_plan(self, inputs: StepInputs, bucket: int | None, scheduler_output: SchedulerOutput) -> None:
+        """Broadcast this step to the followers: its inputs and every LM-head call to come."""
+        md = inputs.attn_metadata
+        width = step_plan.table_width(md.max_seq_len, self.block_size)
+        logit_sets = []
+        if inputs.sampling_batch_indices:
+            rows = inputs.logits_indices
+            logit_sets.append(rows if rows is not None else torch.arange(inputs.num_tokens, device=self.device))
+        logit_sets += [to_device(plan.token_rows, torch.int64, self.device) for plan in inputs.prompt_logprobs_plans]
+        step_plan.send_step(
+            self.device,
+            (inputs.input_ids, inputs.positions, md.slot_mapping, md.query_start_loc, md.seq_lens,
+             md.block_tables[:, :width]),
+            (inputs.num_tokens, md.num_seqs, md.max_query_len, md.max_seq_len, md.is_decode_only, bucket),
+            logit_sets,
+            _moves(scheduler_output),
+        )
+
+    def _send_moves_only(self, scheduler_output: SchedulerOutput) -> None:
+        """A step with block moves and nothing to run: the followers move their blocks too."""
+        empty = torch.zeros(0, dtype=torch.int64, device=self.device)
+        qsl = torch.zeros(1, dtype=torch.int64, device=self.device)
+        step_plan.send_step(
+            self.device, (empty, empty, empty, qsl, empty, empty.view(0, 0)), (0, 0, 0, 0, False, None), [],
+            _moves(scheduler_output),
+        )
+
+    def shutdown_followers(self) -> None:
+        """Tell the followers to leave their loops (rank 0, once, at engine shutdown)."""
+        if self.leads_followers:
+            self.leads_followers = False
+            step_plan.send_stop(self.device)
+        self.release_graphs()
+
+    def release_graphs(self) -> None:
+        """Free the CUDA graphs (before the NCCL communicator their all-reduces use goes)."""
+        if self.graphs is not None:
+            self.graphs = None
+            gc.collect()
+            torch.cuda.synchronize()
+
     def _graph_bucket(self, scheduler_output: SchedulerOutput) -> int | None:
         """The captured batch size to replay for a decode-only step (one token per request)."""
         if self.graphs is None:
@@ -309,3 +367,7 @@ class ModelRunner:
         if scheduler_output.total_num_scheduled_tokens != num_seqs:
             return None
         return self.graphs.bucket_for(num_seqs)
+
+
+def _moves(so: SchedulerOutput) -> tuple:
+    return (tuple(so.blocks_to_copy), tuple(so.blocks_to_swap_out), tuple(so.blocks_to_swap_in))

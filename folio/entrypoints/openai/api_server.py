@@ -143,7 +143,8 @@ def run_server(args: argparse.Namespace, core: EngineProcess | None = None) -> i
         if core is not None:
             core.close()
         raise
-    if core is None and engine_process_wanted(config.engine_process, engine_args.device):
+    if core is None and engine_process_wanted(config.engine_process, engine_args.device,
+                                              engine_args.tensor_parallel_size):
         core = EngineProcess.from_engine_args(engine_args)
     if core is not None:
         engine = AsyncLLM(core=core, max_waiting_requests=config.max_waiting_requests)

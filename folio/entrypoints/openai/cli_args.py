@@ -87,9 +87,15 @@ class ServerConfig:
         )
 
 
-def engine_process_wanted(flag: bool | None, device: str) -> bool:
+def engine_process_wanted(flag: bool | None, device: str, tensor_parallel_size: int = 1) -> bool:
     """--engine-process, or when unset: a process on a GPU (a GPU engine steps fast enough for
-    the event loop's HTTP work to starve it of a shared GIL; docs/serving.md), a thread on the CPU."""
+    the event loop's HTTP work to starve it of a shared GIL; docs/serving.md), a thread on the CPU.
+    Tensor parallelism: a thread (the server's process is rank 0 and exits when a worker dies)."""
+    if tensor_parallel_size > 1:
+        if flag:
+            raise ValueError("--engine-process does not combine with --tensor-parallel-size > 1 yet: "
+                             "the server's process is rank 0 of the tensor-parallel group.")
+        return False
     if flag is not None:
         return flag
     from folio.config.device import resolve_device

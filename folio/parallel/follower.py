@@ -1,0 +1,79 @@
+"""Follower: the loop of every rank but 0, repeating rank 0's steps from its StepPlans.
+
+A follower owns a ModelRunner like rank 0's (its slice of the weights, its heads' KV cache, the
+same CUDA graphs) but no scheduler and no sampler: it copies each plan into the runner's
+persistent input buffers (the addresses its graphs read), moves blocks as told, runs the
+forward, and joins each LM-head gather rank 0 makes. Its logits are dropped: rank 0 samples.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from folio.attention.metadata import AttentionMetadata
+from folio.logger import init_logger
+from folio.parallel.step_plan import StepPlan, receive
+from folio.worker import block_ops
+from folio.worker.model_runner import ModelRunner
+
+logger = init_logger(__name__)
+
+
+class Follower:
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.device = runner.device
+
+    @torch.inference_mode()
+    def run(self) -> None:
+        """Repeat steps until rank 0 sends stop."""
+        steps = 0
+        while (plan := receive(self.device)) is not None:
+            self.step(plan)
+            steps += 1
+        logger.info("Stopped after %d steps.", steps)
+
+    def step(self, plan: StepPlan) -> None:
+        runner = self.runner
+        if plan.blocks_to_copy or plan.blocks_to_swap_out or plan.blocks_to_swap_in:
+            assert runner.kv_cache is not None
+            block_ops.apply_block_moves(runner.kv_cache, runner.swap_pool, plan)  # type: ignore[arg-type]
+        if plan.input_ids.numel() == 0:
+            return
+        input_ids, positions, metadata = self._load_inputs(plan)
+        if plan.bucket is not None and runner.graphs is not None:
+            hidden = runner.graphs.replay(plan.bucket)  # [bucket, hidden]
+        else:
+            hidden = runner.model(input_ids, positions, metadata)  # [padded_tokens, hidden]
+        for rows in plan.logit_sets:
+            runner.model.compute_logits(hidden[rows])  # joins rank 0's gather; dropped here
+
+    def _load_inputs(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Copy the plan into the runner's persistent buffers and describe them."""
+        builder = self.runner.inputs
+        d = builder.buffers.device
+        tokens, seqs = plan.input_ids.shape[0], plan.padded_seqs
+        for name, source in (
+            ("input_ids", plan.input_ids),
+            ("positions", plan.positions),
+            ("slot_mapping", plan.slot_mapping),
+            ("query_start_loc", plan.query_start_loc),
+            ("seq_lens", plan.seq_lens),
+        ):
+            d[name][: source.shape[0]].copy_(source)
+        width = plan.block_tables.shape[1]
+        builder.device_block_tables[:seqs, :width].copy_(plan.block_tables)
+        metadata = AttentionMetadata(
+            num_actual_tokens=plan.num_tokens,
+            num_seqs=seqs,
+            max_query_len=plan.max_query_len,
+            max_seq_len=plan.max_seq_len,
+            query_start_loc=d["query_start_loc"][: seqs + 1],
+            seq_lens=d["seq_lens"][:seqs],
+            block_tables=builder.device_block_tables[:seqs],
+            slot_mapping=d["slot_mapping"][:tokens],
+            query_start_loc_cpu=plan.query_start_loc_cpu,
+            seq_lens_cpu=plan.seq_lens_cpu,
+            is_decode_only=plan.is_decode_only,
+        )
+        return d["input_ids"][:tokens], d["positions"][:tokens], metadata

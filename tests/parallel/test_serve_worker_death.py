@@ -1,0 +1,46 @@
+"""`folio serve -tp 2` on the CPU: it serves, and when a worker is killed it exits non-zero
+within seconds, naming the dead rank (no hang, no server answering for a broken engine)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.helpers.checkpoints import make_tiny_checkpoint
+from tests.server.test_lifecycle import ServerProcess, _children
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
+
+
+def _worker_pid(server_pid: int) -> int:
+    for pid in _children(server_pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            return pid
+    raise AssertionError(f"no tensor-parallel worker among the children of {server_pid}")
+
+
+def test_serve_exits_nonzero_soon_after_a_worker_dies(tmp_path) -> None:
+    path = make_tiny_checkpoint("llama", tmp_path / "llama")
+    server = ServerProcess([sys.executable, "-m", "folio", "serve", "--model", path, "--port", "0",
+                            "--device", "cpu", "--dtype", "float32", "--max-model-len", "128",
+                            "--tensor-parallel-size", "2"])
+    try:
+        reply = httpx.post(f"{server.url}/v1/completions", json={"model": path, "prompt": [1, 2, 3], "max_tokens": 3},
+                           timeout=60)
+        assert reply.status_code == 200, reply.text
+        os.kill(_worker_pid(server.proc.pid), 9)
+        start = time.monotonic()
+        code = server.proc.wait(timeout=15)
+        assert code != 0
+        assert time.monotonic() - start < 10
+        time.sleep(0.5)  # the drain thread reads the last lines
+        log = "".join(server.lines)
+        assert "[rank 0] Tensor-parallel worker rank 1" in log and "SIGKILL" in log, log[-2000:]
+    finally:
+        server.stop()
