@@ -50,7 +50,16 @@ OPERATIONS = [
     ("POST", "/v1/responses", 30, (POSITIVE, NEGATIVE)),
     ("POST", "/v1/score", 20, (POSITIVE, NEGATIVE)),
     ("POST", "/v1/rerank", 20, (POSITIVE, NEGATIVE)),
+    ("GET", "/v1/engine/state", 10, (POSITIVE, NEGATIVE)),
 ]
+# Listed in /openapi.json but not fuzzed here, each for its reason (and tested elsewhere):
+NOT_FUZZED = {
+    # an SSE stream that never ends by itself: tests/server/test_dashboard.py reads it
+    ("GET", "/v1/engine/state/stream"),
+    # 404 unless --allow-runtime-lora-updating (off here): tests/lora/test_lora_server.py
+    ("POST", "/v1/load_lora_adapter"),
+    ("POST", "/v1/unload_lora_adapter"),
+}
 CASES = [(method, path, examples, mode) for method, path, examples, modes in OPERATIONS for mode in modes]
 
 
@@ -68,7 +77,7 @@ def api_schema(fuzzed_server):
 
 def test_every_operation_is_fuzzed(api_schema):
     listed = {(op.ok().method.upper(), op.ok().path) for op in api_schema.get_all_operations()}
-    assert listed == {(method, path) for method, path, _, _ in OPERATIONS}
+    assert listed == {(method, path) for method, path, _, _ in OPERATIONS} | NOT_FUZZED
 
 
 @pytest.mark.parametrize("method, path, examples, mode", CASES)
