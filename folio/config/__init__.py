@@ -5,6 +5,7 @@ from folio.config.device import DeviceConfig, ParallelConfig, resolve_device
 from folio.config.engine import EngineConfig
 from folio.config.model import ModelConfig
 from folio.config.scheduler import SchedulerConfig
+from folio.config.speculative import SpeculativeConfig
 
 __all__ = [
     "CacheConfig",
@@ -13,5 +14,6 @@ __all__ = [
     "ModelConfig",
     "ParallelConfig",
     "SchedulerConfig",
+    "SpeculativeConfig",
     "resolve_device",
 ]

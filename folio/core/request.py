@@ -75,6 +75,9 @@ class Request:
     # Beam search: stop scheduling after each sampled token until forked or finished.
     pause_after_sample: bool = False
     paused: bool = False
+    # Speculative decoding: tokens a proposer drafted to follow all_token_ids, verified by the
+    # request's next step (1 + len of them scheduled); never part of all_token_ids.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -113,6 +116,14 @@ class Request:
             or p.frequency_penalty != 0.0
             or p.presence_penalty != 0.0
         )
+
+    @property
+    def can_speculate(self) -> bool:
+        """Whether drafts may be proposed for it. Not for beams (one token, then a fork) nor
+        structured outputs (the grammar's mask must see each token before the next)."""
+        p = self.sampling_params
+        grammar = getattr(p, "structured_outputs", None) or getattr(p, "guided_decoding", None)
+        return not self.pause_after_sample and grammar is None
 
     @property
     def max_tokens(self) -> int | None:

@@ -17,6 +17,7 @@ from folio.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     resolve_device,
 )
 from folio.logger import init_logger
@@ -52,6 +53,8 @@ class EngineArgs:
     attention_backend: str = "auto"
     max_logprobs: int = 20
     async_scheduling: bool = True
+    # vLLM's speculative_config: a dict, a JSON string (--speculative-config) or None.
+    speculative_config: dict[str, Any] | str | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -101,7 +104,28 @@ class EngineArgs:
         )
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}.")
-        return EngineConfig(model, cache, scheduler, DeviceConfig(device), ParallelConfig())
+        speculative = SpeculativeConfig.from_user(self.speculative_config)
+        draft = self._draft_model_config(speculative, model, device)
+        return EngineConfig(
+            model, cache, scheduler, DeviceConfig(device), ParallelConfig(), speculative=speculative, draft_model=draft
+        )
+
+    def _draft_model_config(
+        self, speculative: SpeculativeConfig | None, target: ModelConfig, device: str
+    ) -> ModelConfig | None:
+        """The draft checkpoint, in the target's dtype and context length."""
+        if speculative is None or speculative.model is None:
+            return None
+        return ModelConfig.create(
+            resolve_model_path(speculative.model),
+            dtype=target.dtype,
+            device=device,
+            max_model_len=target.max_model_len,
+            seed=self.seed,
+            load_format=self.load_format,
+            enforce_eager=self.enforce_eager,
+            attention_backend=self.attention_backend,
+        )
 
     def _max_num_batched_tokens(self, max_model_len: int) -> int:
         if self.max_num_batched_tokens is not None:
@@ -142,6 +166,12 @@ class EngineArgs:
             action=argparse.BooleanOptionalAction,
             default=d.async_scheduling,
             help="plan and launch each step while the previous one runs on the device",
+        )
+        g.add_argument(
+            "--speculative-config",
+            default=None,
+            help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+            'or \'{"model": "path/to/draft", "num_speculative_tokens": 4}\'',
         )
         return parser
 

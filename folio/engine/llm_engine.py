@@ -103,6 +103,7 @@ class LLMEngine:
             config.cache.block_size,
             enable_prefix_caching=config.cache.enable_prefix_caching,
             num_cpu_blocks=self.runner.swap_pool.num_blocks,
+            num_lookahead_tokens=self.runner.speculator.num_lookahead_tokens if self.runner.speculator else 0,
         )
         eos = eos_token_ids(self.tokenizer, config.model.generation_config)
         self.input_processor = InputProcessor(config.model, self.tokenizer, eos, max_logprobs)
@@ -110,6 +111,11 @@ class LLMEngine:
         self.beam_search = BeamSearchManager(self.scheduler, self.tokenizer, eos, config.model.max_model_len)
         self._request_errors: dict[str, Exception] = {}
         self.async_scheduling = config.scheduler.async_scheduling
+        if self.async_scheduling and config.speculative is not None:
+            # A verify step's accepted count decides where the next step starts: it cannot be
+            # planned before the previous step's tokens are on the host.
+            logger.info("Speculative decoding runs synchronous steps: async scheduling is off.")
+            self.async_scheduling = False
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not updated
         logger.info(
             "Engine ready in %.1f s: %s on %s, dtype %s, max_model_len %d, max_num_seqs %d, "
@@ -146,6 +152,7 @@ class LLMEngine:
         processed = self.input_processor.process_prompt(prompt)
         if isinstance(params, BeamSearchParams):
             self.input_processor.check_beam_search(params, len(processed.token_ids))
+            self._log_no_speculation(request_id, "beam search")
             self.beam_search.add(request_id, processed, params, arrival_time, priority)
             return
         self.input_processor.check_params(params, len(processed.token_ids))
@@ -164,8 +171,14 @@ class LLMEngine:
             [r.sampling_params for r in requests],
             requests[0].arrival_time,
         )
+        if not requests[0].can_speculate:
+            self._log_no_speculation(request_id, "structured output")
         for request in requests:
             self.scheduler.add_request(request)
+
+    def _log_no_speculation(self, request_id: str, reason: str) -> None:
+        if self.config.speculative is not None:
+            logger.info("Request %s: no speculative decoding with %s.", request_id, reason)
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
