@@ -18,6 +18,7 @@ LAYERS = [
     ("folio/core", "Scheduling and KV-block bookkeeping, pure Python (no torch): tested with fake requests."),
     ("folio/worker", "The model runner: flat batch tensors, the KV cache tensor, CUDA graphs, block moves."),
     ("folio/sample", "Sampling on the device, in vLLM v1's order."),
+    ("folio/spec_decode", "Speculative decoding: proposers draft tokens, the verifier keeps the target's distribution."),
     ("folio/models", "The architectures and checkpoint loading."),
     ("folio/layers", "Layers the models are built from; each dispatches to a Triton kernel on CUDA."),
     ("folio/attention", "Per-step attention metadata and the backends that read K/V through block tables."),
