@@ -28,11 +28,16 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4  # ngram: longest suffix looked up
     prompt_lookup_min: int = 1  # ngram: shortest suffix looked up
     model: str | None = None  # draft_model: the draft's checkpoint folder (resolved)
+    # No drafts in steps that sample for at least this many requests (vLLM's name): at large
+    # batch the target step is compute-bound and verifying drafts costs more than it saves.
+    disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative_config method must be one of {METHODS}, got {self.method!r}.")
         _check_positive("num_speculative_tokens", self.num_speculative_tokens)
+        if self.disable_by_batch_size is not None:
+            _check_positive("disable_by_batch_size", self.disable_by_batch_size)
         if self.method == "ngram":
             _check_positive("prompt_lookup_min", self.prompt_lookup_min)
             _check_positive("prompt_lookup_max", self.prompt_lookup_max)

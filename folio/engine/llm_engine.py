@@ -87,6 +87,12 @@ class EngineStats:
     kv_waste_fraction: float = 0.0
     kv_waste_fraction_prealloc_max_model_len: float = 0.0
     kv_waste_fraction_prealloc_max_tokens: float = 0.0
+    # Speculative decoding since start (core/spec_decode_stats.py): request-steps that verified
+    # drafts, their draft tokens, the accepted ones, and accepted drafts at each position.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class LLMEngine:
@@ -117,6 +123,7 @@ class LLMEngine:
             logger.info("Speculative decoding runs synchronous steps: async scheduling is off.")
             self.async_scheduling = False
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not updated
+        self._spec_drafts_logged = 0
         logger.info(
             "Engine ready in %.1f s: %s on %s, dtype %s, max_model_len %d, max_num_seqs %d, "
             "max_num_batched_tokens %d",
@@ -193,12 +200,21 @@ class LLMEngine:
         synchronous steps."""
         if not self.async_scheduling:
             scheduler_output = self.scheduler.schedule()
-            return self._finish_step(scheduler_output, self.runner.execute_model(scheduler_output))
+            outputs = self._finish_step(scheduler_output, self.runner.execute_model(scheduler_output))
+            self._log_spec_stats_if_idle()
+            return outputs
         current = self._in_flight or self._launch()
         self._in_flight = None if self.scheduler.requires_sync_steps else self._launch()
         outputs = self._finish_step(current[0], current[1].result())
         self._settle_if_idle()
         return outputs
+
+    def _log_spec_stats_if_idle(self) -> None:
+        """Speculative decoding's counters, once each time the engine runs out of work."""
+        stats = self.scheduler.spec_stats
+        if stats.num_drafts != self._spec_drafts_logged and not self.scheduler.has_unfinished_requests():
+            self._spec_drafts_logged = stats.num_drafts
+            logger.info("Speculative decoding so far: %s", stats.summary())
 
     def _settle_if_idle(self) -> None:
         """With nothing left to run, wait for the step in flight and drop its results (every
@@ -266,6 +282,10 @@ class LLMEngine:
             num_free_blocks=s.kv_cache_manager.num_free_blocks,
             kv_cache_usage=s.kv_usage,
             num_preemptions=s.num_preemptions,
+            spec_decode_num_drafts=s.spec_stats.num_drafts,
+            spec_decode_num_draft_tokens=s.spec_stats.num_draft_tokens,
+            spec_decode_num_accepted_tokens=s.spec_stats.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=tuple(s.spec_stats.accepted_per_position),
             **_memory_stats(s),
         )
 

@@ -47,6 +47,7 @@ class Speculator:
         self.verifier = SpecVerifier(config.model.vocab_size, config.model.seed, device)
         spec = config.speculative
         assert spec is not None
+        self.disable_by_batch_size = spec.disable_by_batch_size
         logger.info("Speculative decoding: %s, %d tokens per step", spec.method, spec.num_speculative_tokens)
 
     @property
@@ -70,6 +71,9 @@ class Speculator:
         emitted: dict[int, list[int]],
     ) -> list[list[int]]:
         """Drafts for every scheduled request, [] for those that get none."""
+        if self.disable_by_batch_size is not None and len(emitted) >= self.disable_by_batch_size:
+            # A draft model's K/V of this batch is still written: later steps may draft again.
+            emitted = {}
         drafts = self.proposer.propose(ProposalBatch(scheduled, inputs, hidden, emitted))
         return [drafts.get(i, []) for i in range(len(scheduled))]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from folio import LLM, SamplingParams
+from folio.engine.metrics import EngineMetrics
 from folio.sampling_params import BeamSearchParams
 from tests.helpers.checkpoints import make_tiny_checkpoint
 from tests.helpers.tokenizers import save_test_tokenizer
@@ -67,6 +68,11 @@ def test_greedy_outputs_are_unchanged_batched_and_one_by_one(paths, baseline, me
     assert stats.num_draft_tokens > 0
     if method == "draft-same":
         assert stats.acceptance_rate > 0.9  # the draft is the target: (almost) every draft holds
+        metrics = EngineMetrics("m")
+        metrics.record_stats(engine.stats())
+        text = metrics.render().decode()
+        assert f'folio:spec_decode_num_accepted_tokens_total{{model_name="m"}} {float(stats.num_accepted_tokens)}' in text
+        assert 'folio:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"}' in text
     assert engine.stats().num_free_blocks == engine.stats().num_blocks  # every slot given back
 
 
