@@ -76,16 +76,24 @@ def test_greedy_outputs_are_unchanged_batched_and_one_by_one(paths, baseline, me
     assert engine.stats().num_free_blocks == engine.stats().num_blocks  # every slot given back
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-@pytest.mark.parametrize("method", ["ngram", "draft-same"])
-def test_greedy_outputs_are_unchanged_under_preemption(paths, method, mode):
+@pytest.fixture(scope="module")
+def small_cache_want(paths):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    want = _llm(paths, **SMALL_CACHE).generate(PROMPTS, params, use_tqdm=False)
+    return params, _llm(paths, **SMALL_CACHE).generate(PROMPTS, params, use_tqdm=False)
+
+
+@pytest.mark.parametrize(
+    "method, mode", [("ngram", "recompute"), ("draft-same", "swap"), ("draft-other", "recompute")]
+)
+def test_greedy_outputs_are_unchanged_under_preemption(paths, small_cache_want, method, mode):
+    params, want = small_cache_want
     llm = _llm(paths, _spec(paths, method), preemption_mode=mode, **SMALL_CACHE)
     got = llm.generate(PROMPTS, params, use_tqdm=False)
     assert _summary(got) == _summary(want)
     engine = llm.llm_engine
     assert engine.stats().num_preemptions > 0
+    if mode == "swap":
+        assert engine.stats().num_swap_preemptions > 0
     assert engine.scheduler.spec_stats.num_draft_tokens > 0
     assert engine.stats().num_free_blocks == engine.stats().num_blocks
 
