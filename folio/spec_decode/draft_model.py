@@ -80,29 +80,35 @@ class DraftModelProposer(Proposer):
             max(0, min(self.k, len(batch.scheduled[i].block_ids) * self.block_size - p, self.max_model_len - p))
             for i, p in zip(indices, positions)
         ]
-        drafts: dict[int, list[int]] = {i: [] for i in indices}
-        tokens = [batch.emitted[i][-1] for i in indices]
+        tokens = torch.tensor([batch.emitted[i][-1] for i in indices], dtype=torch.int64, device=self.device)  # [n]
+        steps: list[tuple[list[int], torch.Tensor]] = []  # (live rows, their argmaxes), on the device
         for step in range(self.k):
             live = [j for j, limit in enumerate(limits) if step < limit]
             if not live:
                 break
+            rows = None if len(live) == len(indices) else torch.tensor(live, device=self.device)
             ids = self._decode_step(
-                [tokens[j] for j in live],
+                tokens if rows is None else tokens[rows],
                 [positions[j] + step for j in live],
                 [batch.scheduled[indices[j]].block_ids for j in live],
             )
-            for j, token in zip(live, ids):
+            steps.append((live, ids))
+            if rows is None:
+                tokens = ids
+            else:
+                tokens = tokens.index_copy(0, rows, ids)
+        drafts: dict[int, list[int]] = {i: [] for i in indices}
+        for live, ids in steps:  # one copy to the host per step, after all of them are queued
+            for j, token in zip(live, ids.tolist()):
                 drafts[indices[j]].append(token)
-                tokens[j] = token
         return drafts
 
-    def _decode_step(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> list[int]:
-        """One token per request at the given positions; the draft's argmax after each."""
-        input_ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)  # [n]
+    def _decode_step(self, tokens: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        """One token per request at the given positions; the draft's argmax after each [n]."""
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)  # [n]
         metadata = decode_metadata(positions, tables, self.block_size, self.device)
-        hidden = self.model(input_ids, pos, metadata)  # [n, hidden]
-        return self.model.compute_logits(hidden).argmax(dim=-1).tolist()
+        hidden = self.model(tokens, pos, metadata)  # [n, hidden]
+        return self.model.compute_logits(hidden).argmax(dim=-1)  # [n]
 
 
 def decode_metadata(
