@@ -133,8 +133,17 @@ def _position_rows(sched: ScheduledRequest, generator: torch.Generator | None) -
     k = len(drafts)
     num_outputs = sched.end - k - request.num_prompt_tokens  # before the first scored position
     outputs = request.output_token_ids
+    # Only penalties read the output ids (sample/penalties.py): other rows share the list.
+    p = request.sampling_params
+    counted = p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
     return [
-        SamplingRow(request.sampling_params, request.prompt_token_ids, outputs + drafts[:j] if j else outputs, generator, num_outputs + j)
+        SamplingRow(
+            request.sampling_params,
+            request.prompt_token_ids,
+            outputs + drafts[:j] if j and counted else outputs,
+            generator,
+            num_outputs + j,
+        )
         for j in range(k + 1)
     ]
 
