@@ -116,16 +116,19 @@ class EngineArgs:
         """The draft checkpoint, in the target's dtype and context length."""
         if speculative is None or speculative.model is None:
             return None
-        return ModelConfig.create(
-            resolve_model_path(speculative.model),
-            dtype=target.dtype,
-            device=device,
-            max_model_len=target.max_model_len,
-            seed=self.seed,
-            load_format=self.load_format,
-            enforce_eager=self.enforce_eager,
-            attention_backend=self.attention_backend,
-        )
+        try:
+            return ModelConfig.create(
+                resolve_model_path(speculative.model),
+                dtype=target.dtype,
+                device=device,
+                max_model_len=target.max_model_len,
+                seed=self.seed,
+                load_format=self.load_format,
+                enforce_eager=self.enforce_eager,
+                attention_backend=self.attention_backend,
+            )
+        except ValueError as e:
+            raise ValueError(f"speculative_config model {speculative.model!r}: {e}") from None
 
     def _max_num_batched_tokens(self, max_model_len: int) -> int:
         if self.max_num_batched_tokens is not None:

@@ -133,6 +133,11 @@ def test_seeded_sampling_repeats_and_n_samples(paths, baseline):
     [got] = llm.generate(PROMPTS[1], n_greedy, use_tqdm=False)
     [want] = baseline.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
     assert [c.token_ids for c in got.outputs] == [want.outputs[0].token_ids] * 3
+    llm.llm_engine.runner.speculator.disable_by_batch_size = 2  # as speculative_config sets it
+    drafts = llm.llm_engine.scheduler.spec_stats.num_drafts
+    batched = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
+    assert llm.llm_engine.scheduler.spec_stats.num_drafts == drafts  # 3 requests: no drafts
+    assert _summary(batched) == _summary(baseline.generate(PROMPTS[:3], GREEDY, use_tqdm=False))
     beams = BeamSearchParams(beam_width=2, max_tokens=5)
     prompt = [{"prompt_token_ids": [3, 4, 5, 6]}]
     assert [b.tokens for b in llm.beam_search(prompt, beams)[0].sequences] == [

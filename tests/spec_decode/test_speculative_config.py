@@ -48,5 +48,8 @@ def test_cli_flag_and_vocabulary_check(tmp_path):
     engine_args = EngineArgs(model=target, device="cpu", speculative_config={"model": draft, "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="vocabulary"):
         engine_args.create_engine_config()
+    short = make_tiny_checkpoint("qwen3", tmp_path / "s", max_position_embeddings=64)
+    with pytest.raises(ValueError, match="speculative_config model .*trained context"):
+        EngineArgs(model=target, device="cpu", speculative_config={"model": short, "num_speculative_tokens": 2}).create_engine_config()
     config = EngineArgs(model=target, device="cpu", speculative_config=args.speculative_config).create_engine_config()
     assert config.speculative.method == "ngram" and config.draft_model is None
