@@ -20,6 +20,7 @@ LAYERS = [
     ("folio/parallel", "Tensor parallelism: the process group, collectives, worker processes and the per-step plan."),
     ("folio/sample", "Sampling on the device, in vLLM v1's order."),
     ("folio/structured_output", "Structured outputs: grammar backends and per-request grammar state."),
+    ("folio/spec_decode", "Speculative decoding: proposers draft tokens, the verifier keeps the target's distribution."),
     ("folio/models", "The architectures and checkpoint loading."),
     ("folio/layers", "Layers the models are built from; each dispatches to a Triton kernel on CUDA."),
     ("folio/attention", "Per-step attention metadata and the backends that read K/V through block tables."),

@@ -7,6 +7,7 @@ from folio.config.lora import LoRAConfig
 from folio.config.model import ModelConfig
 from folio.config.scheduler import SchedulerConfig
 from folio.config.structured_outputs import StructuredOutputsConfig
+from folio.config.speculative import SpeculativeConfig
 
 __all__ = [
     "CacheConfig",
@@ -17,5 +18,6 @@ __all__ = [
     "ParallelConfig",
     "SchedulerConfig",
     "StructuredOutputsConfig",
+    "SpeculativeConfig",
     "resolve_device",
 ]

@@ -4,7 +4,8 @@ A request's block table lists the physical blocks holding its tokens in order: t
 p lives in slot p % block_size of block table[p // block_size]. Invariants:
 - a table is exactly long enough for the tokens the scheduler has allowed into the cache
   (num_computed_tokens plus the tokens of the step being built), rounded up to whole blocks;
-  blocks are never handed out ahead of need;
+  blocks are never handed out ahead of need, except a speculating request's lookahead slots
+  (allocate_slots), which the update releases with its rejected drafts' slots;
 - a block's ref count equals the number of tables it is in; tables share only leading blocks
   (a prefix-cache hit, or a fork of n > 1 samples or beams), and a request never writes into a
   block another table holds: the block its next token lands in is copied first (copy-on-write);
@@ -81,6 +82,9 @@ class KVCacheManager:
         # requests whose in-flight blocks were taken by a hit: they must not be unscheduled.
         self._cached_this_step: dict[int, str] = {}
         self.providers: set[str] = set()
+        # Tables that lost blocks at the end of a step (release_slots_past_computed), reported
+        # with the next SchedulerOutput: a runner caching block-table rows must rebuild them.
+        self._shrunk: set[str] = set()
         # ---- counters since start ----
         self.num_copied_blocks = 0
         self.prefix_cache_queries = 0  # tokens of requests looked up in the prefix cache
@@ -174,7 +178,11 @@ class KVCacheManager:
         return missing + self._is_shared(table, start)
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, prefix: SharedPrefix | None = None
+        self,
+        request: Request,
+        num_new_tokens: int,
+        prefix: SharedPrefix | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> bool:
         """Make the table hold num_new_tokens more tokens after the computed ones.
 
@@ -182,7 +190,15 @@ class KVCacheManager:
         blocks and the new tokens follow prefix.num_tokens; the caller then sets
         num_computed_tokens to prefix.num_tokens. All or nothing: returns False, changing
         nothing, when the pool has fewer free blocks than blocks_needed.
+
+        num_lookahead_tokens (speculative decoding, no prefix): slots past the step's tokens
+        that a draft model writes its own K/V into while it proposes; released with the
+        rejected drafts' slots at the update (release_slots_past_computed).
         """
+        if prefix is None:
+            # Blocks filled by known tokens only are cached (_cache_full_blocks caps at
+            # request.num_tokens), so lookahead slots never register a block.
+            num_new_tokens += num_lookahead_tokens
         if prefix is not None and prefix.block_ids:
             if not self.block_pool.can_allocate(self.blocks_needed(request, num_new_tokens, prefix)):
                 return False
@@ -203,6 +219,25 @@ class KVCacheManager:
             table.extend(self.block_pool.allocate(missing))
         self._cache_full_blocks(request, start + num_new_tokens)
         return True
+
+    def release_slots_past_computed(self, request: Request) -> None:
+        """Free the table's blocks past num_computed_tokens (rejected drafts, lookahead slots).
+
+        They hold no known token's K/V, so none is in the prefix cache, and a block past the
+        computed tokens is never shared (a fork shares only computed blocks)."""
+        table = self._tables.get(request.request_id)
+        if not table:
+            return
+        keep = cdiv(request.num_computed_tokens, self.block_size)
+        if len(table) > keep:
+            self.block_pool.free(reversed(table[keep:]))
+            del table[keep:]
+            self._shrunk.add(request.request_id)
+
+    def take_shrunk(self) -> frozenset[str]:
+        """Ids of the tables that lost blocks since the last call."""
+        shrunk, self._shrunk = frozenset(self._shrunk), set()
+        return shrunk
 
     def _share_prefix(self, request: Request, num_new: int, prefix: SharedPrefix) -> None:
         if self._tables.get(request.request_id):

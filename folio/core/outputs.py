@@ -30,6 +30,9 @@ class ModelRunnerOutput:
     # Per request: one TokenLogprobs per sampled token, or None when logprobs were not asked.
     logprobs: list[list[TokenLogprobs] | None] | None = None
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
+    # Speculative decoding: per request, the drafts proposed for its next step ([] for none);
+    # None when no proposer runs.
+    spec_token_ids: list[list[int]] | None = None
 
 
 @dataclass

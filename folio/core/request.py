@@ -86,6 +86,9 @@ class Request:
     # scheduler advances it with each appended token; preemption keeps the outputs, so it
     # keeps the state too). Set before the request reaches the scheduler.
     grammar: GrammarState | None = field(default=None, repr=False)
+    # Speculative decoding: tokens a proposer drafted to follow all_token_ids, verified by the
+    # request's next step (1 + len of them scheduled); never part of all_token_ids.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -132,6 +135,14 @@ class Request:
     def lora_int_id(self) -> int:
         """The adapter's id, 0 for the base model."""
         return self.lora_request.lora_int_id if self.lora_request is not None else 0
+
+    @property
+    def can_speculate(self) -> bool:
+        """Whether drafts may be proposed for it. Not for beams (one token, then a fork) nor
+        structured outputs (the grammar's mask must see each token before the next)."""
+        p = self.sampling_params
+        grammar = getattr(p, "structured_outputs", None) or getattr(p, "guided_decoding", None)
+        return not self.pause_after_sample and grammar is None
 
     @property
     def max_tokens(self) -> int | None:

@@ -17,9 +17,12 @@ class ScheduleStep:
 
     def add(self, request: Request, num_new_tokens: int, block_ids: list[int]) -> None:
         start = request.num_computed_tokens
-        samples = start + num_new_tokens >= request.num_tokens_with_placeholders
+        past_known = start + num_new_tokens - request.num_tokens_with_placeholders
+        samples = past_known >= 0
+        # Tokens past the known ones are the request's drafts (speculative decoding).
+        drafts = tuple(request.spec_token_ids[:past_known]) if past_known > 0 else ()
         self.scheduled[request.request_id] = ScheduledRequest(
-            request, start, num_new_tokens, block_ids, samples
+            request, start, num_new_tokens, block_ids, samples, drafts
         )
         # From here on num_computed_tokens counts the K/V that will be cached after this step,
         # and the token this step samples is a placeholder until update_from_output.
@@ -44,6 +47,7 @@ class ScheduleStep:
         self,
         finished_req_ids: frozenset[str],
         moves: tuple[tuple[tuple[int, int], ...], ...] = ((), (), ()),
+        shrunk_req_ids: frozenset[str] = frozenset(),
     ) -> SchedulerOutput:
         scheduled = list(self.scheduled.values())
         copies, swap_out, swap_in = moves
@@ -55,4 +59,5 @@ class ScheduleStep:
             blocks_to_copy=copies,
             blocks_to_swap_out=swap_out,
             blocks_to_swap_in=swap_in,
+            shrunk_req_ids=shrunk_req_ids,
         )

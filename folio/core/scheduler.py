@@ -15,6 +15,7 @@ computing it (core/admission.py): its parent's prompt blocks, the longest cached
 own blocks back from the CPU.
 
 Preemption frees a victim's blocks by swap or by recompute; core/preemption.py states the rule.
+Speculative decoding schedules a request's drafts after its last token; core/speculation.py.
 
 Invariants between calls:
 - a request is in exactly one of: `waiting` (status WAITING or PREEMPTED), `running` (RUNNING),
@@ -54,6 +55,8 @@ from folio.core.outputs import EngineCoreOutput, ModelRunnerOutput
 from folio.core.request import Request, RequestStatus
 from folio.core.request_queue import make_request_queue
 from folio.core.schedule_step import ScheduleStep
+from folio.core.spec_decode_stats import SpecDecodeStats
+from folio.core.speculation import lookahead_slots, max_drafts, settle_drafts
 from folio.core.stop_conditions import check_stop, reaches_length_cap
 from folio.core.scheduler_output import SchedulerOutput
 
@@ -68,6 +71,7 @@ class Scheduler:
         enable_prefix_caching: bool = False,
         num_cpu_blocks: int = 0,
         max_loras: int | None = None,  # LoRA on: distinct adapters per step (core/lora_slots.py)
+        num_lookahead_tokens: int = 0,
     ) -> None:
         max_len = scheduler_config.max_model_len
         if num_blocks * block_size < max_len:
@@ -101,6 +105,10 @@ class Scheduler:
         # Why the head of the waiting queue was not admitted by the last schedule(): (its id,
         # a reason of core/engine_state.py), for the dashboard; None when nothing waited.
         self.head_wait: tuple[str, str] | None = None
+        # Speculative decoding (core/speculation.py): slots a draft model writes past a step.
+        # Drafts arrive with each step's results (ModelRunnerOutput.spec_token_ids).
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.spec_stats = SpecDecodeStats()
 
     # ---- requests in and out ----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -191,7 +199,7 @@ class Scheduler:
         finished = frozenset(self._finished_since_schedule)
         self._finished_since_schedule.clear()
         self._count(step)
-        return step.build(finished, kv.take_block_moves())
+        return step.build(finished, kv.take_block_moves(), kv.take_shrunk())
 
     def _count(self, step: ScheduleStep) -> None:
         for sched in step.scheduled.values():
@@ -230,7 +238,10 @@ class Scheduler:
         """Blocks for the request's next num_new tokens, preempting victims until they fit; returns
         its token count (retaken after each preemption: a victim gives its budget back), 0 when
         it was its own victim."""
-        while not self.kv_cache_manager.allocate_slots(request, num_new):
+        kv, max_len = self.kv_cache_manager, self.config.max_model_len
+        while not kv.allocate_slots(
+            request, num_new, num_lookahead_tokens=lookahead_slots(request, num_new, self.num_lookahead_tokens, max_len)
+        ):
             victim = pop_victim(self.config.policy, self.running, request, pending)
             self._preempt(victim, step)
             if victim is request:
@@ -318,6 +329,7 @@ class Scheduler:
         recomputed one recomputes all_token_ids and continues.
         """
         step.unschedule(victim)
+        victim.spec_token_ids = []  # it resumes by recompute or swap-in, not by a verify step
         kv = self.kv_cache_manager
         if should_swap(self.config.preemption_mode, victim) and kv.swap_out(victim):
             self.num_swap_preemptions += 1
@@ -341,6 +353,8 @@ class Scheduler:
         if request.num_output_placeholders and reaches_length_cap(request, self.config.max_model_len):
             return 0
         remaining = request.num_tokens_with_placeholders - request.num_computed_tokens
+        if remaining == 1 and request.spec_token_ids:
+            remaining += max_drafts(request, self.config.max_model_len)  # ScheduleStep.add takes them
         return max(0, min(remaining, budget))
 
     # ---- results ----------------------------------------------------------------------------
@@ -356,14 +370,19 @@ class Scheduler:
             raise ValueError("ModelRunnerOutput does not match the SchedulerOutput it answers.")
         self.kv_cache_manager.end_step()
         logprobs = runner_output.logprobs or [None] * len(scheduled)
+        drafts = runner_output.spec_token_ids
         outputs = []
-        for sched, token_ids, token_logprobs in zip(
-            scheduled, runner_output.sampled_token_ids, logprobs
+        for sched_index, (sched, token_ids, token_logprobs) in enumerate(
+            zip(scheduled, runner_output.sampled_token_ids, logprobs)
         ):
             request = sched.request
             request.num_output_placeholders -= sched.samples
             if request.is_finished:  # aborted or stopped after schedule(): results are dropped
                 continue
+            if sched.spec_token_ids or self.num_lookahead_tokens:
+                settle_drafts(self.kv_cache_manager, self.spec_stats, sched, len(token_ids))
+            if drafts is not None:
+                request.spec_token_ids = drafts[sched_index]
             new_token_ids, status = self._append_tokens(request, token_ids)
             prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
             if status is not None:

@@ -23,6 +23,10 @@ class ScheduledRequest:
     block_ids: list[int]  # the request's block table (live list, read-only for the runner)
     # This step reaches the request's last token (known or placeholder), so it samples one.
     samples: bool
+    # Speculative decoding: drafts appended after the request's last token (the last
+    # len(spec_token_ids) of num_new_tokens). The step scores every one of them and samples
+    # 1 + (drafts accepted) tokens.
+    spec_token_ids: tuple[int, ...] = ()
 
     @property
     def request_id(self) -> str:
@@ -40,6 +44,9 @@ class SchedulerOutput:
     # Requests that finished or were aborted since the last step: the runner drops their state.
     finished_req_ids: frozenset[str] = frozenset()
     preempted_req_ids: tuple[str, ...] = ()
+    # Requests whose block tables lost blocks after the last step (rejected drafts' slots
+    # released, core/speculation.py): ids before the end may have changed, not just appended.
+    shrunk_req_ids: frozenset[str] = frozenset()
     # Block moves to run before the forward pass, in this order: swap-outs, copies, swap-ins
     # (core/kv_cache_manager.py says why the order makes them safe).
     blocks_to_copy: tuple[tuple[int, int], ...] = ()  # (src, dst) copy-on-write

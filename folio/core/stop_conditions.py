@@ -35,3 +35,4 @@ def reaches_length_cap(request: Request, max_model_len: int) -> bool:
     if max_tokens is not None and request.num_output_tokens + n >= max_tokens:
         return True
     return request.num_tokens + n >= max_model_len
+

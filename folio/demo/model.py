@@ -82,9 +82,13 @@ def is_complete(folder: str) -> bool:
 
 
 def build_demo_model(
-    path: str, shape: DemoModelShape = DemoModelShape(), recipe: TrainingRecipe = TrainingRecipe()
+    path: str,
+    shape: DemoModelShape = DemoModelShape(),
+    recipe: TrainingRecipe = TrainingRecipe(),
+    device: str = "cpu",
 ) -> None:
-    """Write the tokenizer, the trained model and its configs into `path` (which may exist)."""
+    """Write the tokenizer, the trained model and its configs into `path` (which may exist).
+    `device` trains elsewhere than the CPU (larger models, e.g. benchmark draft/target pairs)."""
     start = time.perf_counter()
     tokenizer = build_tokenizer(shape.vocab_size)
     eos_ids = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)]
@@ -97,7 +101,7 @@ def build_demo_model(
         pad_token_id=tokenizer.pad_token_id,
     )
     with fixed_threads(recipe.num_threads):
-        model = init_seeded(lambda: LlamaForCausalLM(config), recipe.seed)
+        model = init_seeded(lambda: LlamaForCausalLM(config), recipe.seed).to(device)
         result = train(model, training_tokens(tokenizer, recipe), recipe)
     logger.info(
         "Trained the demo model for %d steps in %.1f s (loss %.2f -> %.2f)",
@@ -105,7 +109,7 @@ def build_demo_model(
     )
     model.generation_config = _generation_config(eos_ids, tokenizer.pad_token_id)
     with _quiet_progress_bars():
-        model.save_pretrained(path)
+        model.to("cpu").save_pretrained(path)
     save_tokenizer(tokenizer, path)
     info = {"name": DEMO_MODEL_NAME, "shape": asdict(shape), "recipe": asdict(recipe),
             "final_loss": round(result.final_loss, 4)}

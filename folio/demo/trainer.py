@@ -66,6 +66,7 @@ def train(model: torch.nn.Module, tokens: list[int], recipe: TrainingRecipe) -> 
     if len(data) <= recipe.seq_len + 1:
         raise ValueError(f"The training text ({len(data)} tokens) is shorter than one window.")
     generator = torch.Generator().manual_seed(recipe.seed)
+    device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=recipe.lr, total_steps=recipe.steps, pct_start=0.1
@@ -75,6 +76,7 @@ def train(model: torch.nn.Module, tokens: list[int], recipe: TrainingRecipe) -> 
     for _ in range(recipe.steps):
         starts = torch.randint(0, len(data) - recipe.seq_len, (recipe.batch_size,), generator=generator)
         batch = torch.stack([data[s : s + recipe.seq_len] for s in starts.tolist()])  # [batch, seq]
+        batch = batch.to(device)  # the model's device (a GPU trains the benchmark pairs)
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -19,6 +19,7 @@ from folio.config import (
     ParallelConfig,
     SchedulerConfig,
     StructuredOutputsConfig,
+    SpeculativeConfig,
     resolve_device,
 )
 from folio.logger import init_logger
@@ -92,6 +93,8 @@ class EngineArgs:
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
+    # vLLM's speculative_config: a dict, a JSON string (--speculative-config) or None.
+    speculative_config: dict[str, Any] | str | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -157,11 +160,36 @@ class EngineArgs:
             master_port=self.master_port,
             distributed_executor_backend=self.distributed_executor_backend,
         )
+        speculative = SpeculativeConfig.from_user(self.speculative_config)
+        if speculative is not None and parallel.tensor_parallel_size > 1:
+            # Drafts and verification run on rank 0's runner only so far (docs/spec_decode.md).
+            raise ValueError("speculative_config with tensor_parallel_size > 1 is not supported yet.")
+        draft = self._draft_model_config(speculative, model, device)
         if lora is not None and parallel.tensor_parallel_size > 1:
             # The step plan sent to the workers does not carry adapter slots yet (docs/lora.md).
             raise ValueError("enable_lora with tensor_parallel_size > 1 is not supported yet.")
         return EngineConfig(model, cache, scheduler, DeviceConfig(device), parallel, lora=lora,
-                            structured_outputs=structured)
+                            structured_outputs=structured, speculative=speculative, draft_model=draft)
+
+    def _draft_model_config(
+        self, speculative: SpeculativeConfig | None, target: ModelConfig, device: str
+    ) -> ModelConfig | None:
+        """The draft checkpoint, in the target's dtype and context length."""
+        if speculative is None or speculative.model is None:
+            return None
+        try:
+            return ModelConfig.create(
+                resolve_model_path(speculative.model),
+                dtype=target.dtype,
+                device=device,
+                max_model_len=target.max_model_len,
+                seed=self.seed,
+                load_format=self.load_format,
+                enforce_eager=self.enforce_eager,
+                attention_backend=self.attention_backend,
+            )
+        except ValueError as e:
+            raise ValueError(f"speculative_config model {speculative.model!r}: {e}") from None
 
     def _warn_unused_lora_args(self) -> None:
         if self.enable_lora:
@@ -234,6 +262,12 @@ class EngineArgs:
             type=_json_object,
             default=None,
             help='grammar backend options as JSON, e.g. \'{"backend": "xgrammar"}\' (auto, xgrammar, guidance)',
+        )
+        g.add_argument(
+            "--speculative-config",
+            default=None,
+            help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+            'or \'{"model": "path/to/draft", "num_speculative_tokens": 4}\'',
         )
         EngineArgs._add_parallel_cli_args(parser)
         from folio.engine.vllm_cli import add_vllm_flags

@@ -106,6 +106,12 @@ class EngineStats:
     # table for all, so the waste fractions above hold on each rank); bytes on each rank.
     tensor_parallel_size: int = 1
     kv_cache_bytes_per_rank: int = 0
+    # Speculative decoding since start (core/spec_decode_stats.py): request-steps that verified
+    # drafts, their draft tokens, the accepted ones, and accepted drafts at each position.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class LLMEngine:
@@ -133,6 +139,7 @@ class LLMEngine:
             enable_prefix_caching=config.cache.enable_prefix_caching,
             num_cpu_blocks=self.runner.swap_pool.num_blocks,
             max_loras=config.lora.max_loras if config.lora is not None else None,
+            num_lookahead_tokens=self.runner.speculator.num_lookahead_tokens if self.runner.speculator else 0,
         )
         if self.runner.lora is not None:  # adapters of unfinished requests stay in the CPU cache
             self.runner.lora.in_use = self._loras_in_use
@@ -146,7 +153,13 @@ class LLMEngine:
         self._request_errors: dict[str, Exception] = {}
         self._pooler = None  # worker.pooler.Pooler, made on the first embed()
         self.async_scheduling = config.scheduler.async_scheduling
+        if self.async_scheduling and config.speculative is not None:
+            # A verify step's accepted count decides where the next step starts: it cannot be
+            # planned before the previous step's tokens are on the host.
+            logger.info("Speculative decoding runs synchronous steps: async scheduling is off.")
+            self.async_scheduling = False
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not updated
+        self._spec_drafts_logged = 0
         logger.info(
             "Engine ready in %.1f s: %s on %s, dtype %s, max_model_len %d, max_num_seqs %d, "
             "max_num_batched_tokens %d",
@@ -187,6 +200,7 @@ class LLMEngine:
             processed = dataclasses.replace(processed, lora_request=lora_request)
         if isinstance(params, BeamSearchParams):
             self.input_processor.check_beam_search(params, len(processed.token_ids))
+            self._log_no_speculation(request_id, "beam search")
             self.beam_search.add(request_id, processed, params, arrival_time, priority)
             return
         self.input_processor.check_params(params, len(processed.token_ids))
@@ -209,8 +223,14 @@ class LLMEngine:
         if grammar_spec is not None:  # to the scheduler once its grammar is compiled
             self.structured_output.park(request_id, requests, grammar_spec)
             return
+        if not requests[0].can_speculate:
+            self._log_no_speculation(request_id, "structured output")
         for request in requests:
             self.scheduler.add_request(request)
+
+    def _log_no_speculation(self, request_id: str, reason: str) -> None:
+        if self.config.speculative is not None:
+            logger.info("Request %s: no speculative decoding with %s.", request_id, reason)
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
@@ -246,7 +266,9 @@ class LLMEngine:
         self._admit_compiled()
         if not self.async_scheduling:
             scheduler_output = self.scheduler.schedule()
-            return self._finish_step(scheduler_output, self.runner.execute_model(scheduler_output))
+            outputs = self._finish_step(scheduler_output, self.runner.execute_model(scheduler_output))
+            self._log_spec_stats_if_idle()
+            return outputs
         current = self._in_flight or self._launch()
         self._in_flight, staged = None, None
         if not self.scheduler.requires_sync_steps:
@@ -261,6 +283,12 @@ class LLMEngine:
         self._settle_if_idle()
         return outputs
 
+    def _log_spec_stats_if_idle(self) -> None:
+        """Speculative decoding's counters, once each time the engine runs out of work."""
+        stats = self.scheduler.spec_stats
+        if stats.num_drafts != self._spec_drafts_logged and not self.scheduler.has_unfinished_requests():
+            self._spec_drafts_logged = stats.num_drafts
+            logger.info("Speculative decoding so far: %s", stats.summary())
     def _admit_compiled(self) -> None:
         """Hand the scheduler the requests whose structured-output grammar is now compiled;
         fail those whose compile failed. With nothing else to run, wait briefly for one."""
@@ -395,6 +423,11 @@ class LLMEngine:
             num_preemptions=s.num_preemptions,
             tensor_parallel_size=self.config.parallel.tensor_parallel_size,
             kv_cache_bytes_per_rank=self.num_blocks * self.runner.kv_spec.bytes_per_block,
+
+            spec_decode_num_drafts=s.spec_stats.num_drafts,
+            spec_decode_num_draft_tokens=s.spec_stats.num_draft_tokens,
+            spec_decode_num_accepted_tokens=s.spec_stats.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=tuple(s.spec_stats.accepted_per_position),
             **_memory_stats(s),
             **_lora_stats(s),
         )

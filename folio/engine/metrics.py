@@ -97,6 +97,9 @@ VLLM_NAMES = {
     "folio:time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
     "folio:time_per_output_token_seconds": "vllm:request_time_per_output_token_seconds",
     "folio:e2e_request_latency_seconds": "vllm:e2e_request_latency_seconds",
+    "folio:spec_decode_num_drafts": "vllm:spec_decode_num_drafts",
+    "folio:spec_decode_num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "folio:spec_decode_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 
 
@@ -146,6 +149,7 @@ class EngineMetrics:
                             vllm_success.labels(**self._vllm_labels, finished_reason=reason))
             for reason in ("stop", "length", "abort")
         }
+        self._add_spec_decode_series()
         self._tallies: dict[str, _Tally] = {}
         # Counters mirrored from the engine's cumulative stats: (series, EngineStats field, last value).
         self._mirrored = {
@@ -154,11 +158,33 @@ class EngineMetrics:
             "prefix_cache_hits": self.prefix_hits,
             "num_swapped_out_blocks": self.swapped_out,
             "num_swapped_in_blocks": self.swapped_in,
+            "spec_decode_num_drafts": self.spec_drafts,
+            "spec_decode_num_draft_tokens": self.spec_draft_tokens,
+            "spec_decode_num_accepted_tokens": self.spec_accepted,
         }
         self._seen: dict[str, int] = dict.fromkeys(self._mirrored, 0)
         self.lora = LoRAMetrics(self.registry, self._labels, self.vllm_registry)
         self.num_steps = 0  # plain copies of the step series, for in-process measurements
         self.busy_seconds = 0.0
+
+    def _add_spec_decode_series(self) -> None:
+        """vLLM's spec_decode counters (zero unless speculative decoding is on)."""
+        self.spec_drafts = self._series(Counter, "folio:spec_decode_num_drafts", "Request-steps that verified drafts.")
+        self.spec_draft_tokens = self._series(Counter, "folio:spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_accepted = self._series(Counter, "folio:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self._spec_per_pos = Counter(
+            "folio:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by draft position.",
+            [*self._labels, "position"], registry=self.registry,
+        )
+        self._spec_per_pos_seen: list[int] = []
+
+    def _record_spec_per_position(self, accepted: tuple[int, ...]) -> None:
+        for position, value in enumerate(accepted):
+            if position == len(self._spec_per_pos_seen):
+                self._spec_per_pos_seen.append(0)
+            if value > self._spec_per_pos_seen[position]:
+                self._spec_per_pos.labels(**self._labels, position=str(position)).inc(value - self._spec_per_pos_seen[position])
+                self._spec_per_pos_seen[position] = value
 
     def _series(self, kind, name: str, documentation: str, **kwargs):
         metric = kind(name, documentation, list(self._labels), registry=self.registry, **kwargs)
@@ -184,6 +210,7 @@ class EngineMetrics:
                 series.inc(value - self._seen[field])
                 self._seen[field] = value
         self.lora.record(stats)
+        self._record_spec_per_position(stats.spec_decode_num_accepted_tokens_per_pos)
 
     def record_step(self, outputs: list[RequestOutput], seconds: float) -> None:
         self.steps.inc()

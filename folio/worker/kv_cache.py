@@ -22,12 +22,16 @@ class KVCacheSpec:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    # Bytes per block held elsewhere for the same block id (a draft model's own K/V): counted
+    # when sizing the cache and the swap pool, not part of this tensor's shape.
+    extra_bytes_per_block: int = 0
 
     @property
     def bytes_per_block(self) -> int:
-        """K and V of block_size tokens over all layers."""
+        """K and V of block_size tokens over all layers (plus the extra bytes)."""
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * itemsize
+        own = 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * itemsize
+        return own + self.extra_bytes_per_block
 
 
 def useful_block_cap(config: EngineConfig) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, grap
 from folio.worker.pending_output import PendingOutput
 from folio.worker.sampled_ids import DeviceSampledIds
 from folio.worker.step_inputs import PromptLogprobsPlan, StepInputBuilder, StepInputs
+
+if TYPE_CHECKING:
+    from folio.spec_decode.speculator import Speculator
 
 logger = init_logger(__name__)
 
@@ -67,12 +71,14 @@ class ModelRunner:
         self.lora = self._wrap_lora(config)  # None unless enable_lora
         self.vocab_size = config.model.vocab_size
         self.sampler = Sampler(config.model.seed, self.device)
+        self.speculator = make_speculator(config, self.device, self.attn_backend)
         self.kv_spec = kvc.KVCacheSpec(
             num_layers=len(self.model.attention_layers()),
             block_size=self.block_size,
             num_kv_heads=self._kv_heads_per_rank(),
             head_dim=config.model.head_dim,
             dtype=torch.float8_e4m3fn if config.cache.fp8 else self.dtype,
+            extra_bytes_per_block=self.speculator.proposer.kv_bytes_per_block if self.speculator else 0,
         )
         if config.cache.fp8:
             self._log_fp8_kv_scales()
@@ -131,6 +137,8 @@ class ModelRunner:
         address: a cache bound later needs a new capture)."""
         self.kv_cache = kvc.allocate_kv_cache(self.kv_spec, num_blocks, self.device)
         self.model.bind_kv_caches(list(self.kv_cache.unbind(0)))
+        if self.speculator is not None:
+            self.speculator.initialize_kv_cache(num_blocks, self.swap_pool.num_blocks)
         if self.uses_cuda_graphs():
             self.graphs = CudaGraphRunner(
                 self.model, self.inputs, graph_batch_sizes(self.config.scheduler.max_num_seqs), self.lora
@@ -181,9 +189,11 @@ class ModelRunner:
         blocks_needed = sum(len(s.block_ids) for s in so.scheduled)
         cache = kvc.allocate_kv_cache(self.kv_spec, blocks_needed, self.device)
         self.model.bind_kv_caches(list(cache.unbind(0)))
+        speculator, self.speculator = self.speculator, None  # the draft's K/V does not exist yet
         try:
             self.execute_model(so)
         finally:
+            self.speculator = speculator
             self.model.bind_kv_caches([None] * self.kv_spec.num_layers)  # type: ignore[list-item]
             self.generators.clear()
             self.prompt_logprobs_done.clear()
@@ -211,6 +221,7 @@ class ModelRunner:
         previous step's tokens (structured outputs under async scheduling)."""
         self._forget(scheduler_output.finished_req_ids)
         self.inputs.forget(scheduler_output.preempted_req_ids)
+        self.inputs.forget(scheduler_output.shrunk_req_ids)
         self._move_blocks(scheduler_output)
         scheduled = scheduler_output.scheduled
         pending = PendingOutput([s.request_id for s in scheduled])
@@ -236,14 +247,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch_sampling(self, staged: StagedStep) -> PendingOutput:
-        """The second half of launch: logits, sampling, prompt log-probs, copies to the host."""
+        """The second half of launch: logits, sampling (or verifying drafts), drafting the next
+        tokens, prompt log-probs, copies to the host."""
         inputs, hidden, pending = staged.inputs, staged.hidden, staged.pending
         if inputs is None or hidden is None:
             return pending
+        scheduled = staged.scheduled
+        sampled = None
         if inputs.sampling_batch_indices:
-            self._sample(hidden, inputs, staged.scheduled, pending)
+            sampled = self._sample(hidden, inputs, scheduled, pending)
         else:
             self.last_sampled.record(None, [], [])
+        if self.speculator is not None:
+            self._speculate(hidden, inputs, scheduled, sampled, pending)
         for plan in inputs.prompt_logprobs_plans:
             self._score_prompt(hidden, plan, staged.scheduled[plan.batch_index], pending)
         pending.seal(self.device)
@@ -255,7 +271,8 @@ class ModelRunner:
         inputs: StepInputs,
         scheduled: list[ScheduledRequest],
         pending: PendingOutput,
-    ) -> None:
+    ) -> torch.Tensor:
+        """Sample the step's ordinary rows; returns the sampled ids [rows] on the device."""
         if inputs.logits_indices is None:  # every token samples (decode): no gather
             logits = self.model.compute_logits(hidden[: inputs.num_tokens])  # [num_tokens, vocab]
         else:
@@ -267,13 +284,38 @@ class ModelRunner:
         pending.add_sampled(result.sampled_token_ids, indices)  # the step's one copy to the host
         self.last_sampled.record(result.sampled_token_ids, scheduled, indices)
         if result.logprobs is None:
-            return
+            return result.sampled_token_ids
         wanted = [
             (row, batch_index, num)
             for row, (batch_index, sampling_row) in enumerate(zip(indices, rows))
             if (num := sampling_row.params.logprobs) is not None
         ]
         pending.add_logprobs(result.logprob_token_ids, result.logprobs, result.sampled_ranks, wanted)
+        return result.sampled_token_ids
+
+    def _speculate(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden]
+        inputs: StepInputs,
+        scheduled: list[ScheduledRequest],
+        sampled: torch.Tensor | None,  # [sampling rows] from _sample
+        pending: PendingOutput,
+    ) -> None:
+        """Verify the drafts of requests that carried some, then draft for the next step.
+        Speculative steps are synchronous (engine/llm_engine.py), so tokens come to the host here."""
+        assert self.speculator is not None
+        emitted: dict[int, list[int]] = {}
+        if sampled is not None:
+            emitted = {b: [t] for b, t in zip(inputs.sampling_batch_indices, sampled.tolist())}
+        if inputs.verify_batch_indices:
+            rows = to_device(inputs.verify_rows, torch.int64, self.device)
+            logits = self.model.compute_logits(hidden[rows])  # [verify rows, vocab]
+            verifying = [scheduled[i] for i in inputs.verify_batch_indices]
+            verified = self.speculator.verify(logits, verifying, self._generator_for)
+            for b, token_ids, logprobs in zip(inputs.verify_batch_indices, verified.token_ids, verified.logprobs):
+                pending.add_verified(b, token_ids, logprobs)
+                emitted[b] = token_ids
+        pending.spec_token_ids = self.speculator.propose(scheduled, inputs, hidden, emitted)
 
     def _score_prompt(
         self,
@@ -290,15 +332,22 @@ class ModelRunner:
         pending.add_prompt_logprobs(sched.request_id, plan.start, ids, values, ranks)
         self.prompt_logprobs_done[sched.request_id] = plan.start + len(plan.target_ids)
 
+    def _generator_for(self, sched: ScheduledRequest) -> torch.Generator | None:
+        """The request's own generator (made on first use) when it is seeded and samples."""
+        request = sched.request
+        params = request.sampling_params
+        if params.seed is None or params.sampling_type_greedy:
+            return None
+        generator = self.generators.get(request.request_id)
+        if generator is None:
+            generator = make_request_generator(params.seed, self.device)
+            self.generators[request.request_id] = generator
+        return generator
+
     def _sampling_row(self, sched: ScheduledRequest) -> SamplingRow:
         request = sched.request
         params = request.sampling_params
-        generator = None
-        if params.seed is not None and not params.sampling_type_greedy:
-            generator = self.generators.get(request.request_id)
-            if generator is None:
-                generator = make_request_generator(params.seed, self.device)
-                self.generators[request.request_id] = generator
+        generator = self._generator_for(sched)
         num_outputs = sched.end - request.num_prompt_tokens  # before this one, placeholders included
         return SamplingRow(
             params, request.prompt_token_ids, request.output_token_ids, generator, num_outputs, request.grammar
@@ -311,6 +360,8 @@ class ModelRunner:
         if so.blocks_to_copy or so.blocks_to_swap_out or so.blocks_to_swap_in:
             assert self.kv_cache is not None
             block_ops.apply_block_moves(self.kv_cache, self.swap_pool, so)
+            if self.speculator is not None:
+                self.speculator.move_blocks(so)
 
     def _forget(self, request_ids: frozenset[str]) -> None:
         self.inputs.forget(request_ids)
@@ -371,3 +422,12 @@ class ModelRunner:
 
 def _moves(so: SchedulerOutput) -> tuple:
     return (tuple(so.blocks_to_copy), tuple(so.blocks_to_swap_out), tuple(so.blocks_to_swap_in))
+
+
+def make_speculator(config: EngineConfig, device: torch.device, attn_backend) -> Speculator | None:  # noqa: ANN001
+    """The proposer and verifier of speculative decoding, when the config asks for it."""
+    if config.speculative is None:
+        return None
+    from folio.spec_decode.speculator import Speculator
+
+    return Speculator(config, device, attn_backend)

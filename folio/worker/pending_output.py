@@ -47,6 +47,10 @@ class PendingOutput:
         self._logprobs: _Logprobs | None = None
         self._prompt: list[_PromptLogprobs] = []
         self._event: torch.cuda.Event | None = None
+        # Speculative decoding (already on the host): batch index -> tokens emitted by a verify
+        # step, and their log-probs; drafts for every request's next step.
+        self._verified: dict[int, tuple[list[int], list[TokenLogprobs] | None]] = {}
+        self.spec_token_ids: list[list[int]] | None = None
 
     # ---- filled during launch ---------------------------------------------------------------
     def add_sampled(self, sampled: torch.Tensor, batch_indices: list[int]) -> None:
@@ -64,6 +68,9 @@ class PendingOutput:
     ) -> None:
         self._prompt.append(_PromptLogprobs(request_id, start, to_host(ids), to_host(values), to_host(ranks)))
 
+    def add_verified(self, batch_index: int, token_ids: list[int], logprobs: list[TokenLogprobs] | None) -> None:
+        self._verified[batch_index] = (token_ids, logprobs)
+
     def seal(self, device: torch.device) -> None:
         """Mark the end of the step's queued work: result() waits for everything before this."""
         if device.type == "cuda":
@@ -80,9 +87,14 @@ class PendingOutput:
         if self._sampled is not None:
             for batch_index, token_id in zip(self._sampling_batch_indices, self._sampled.tolist()):
                 sampled[batch_index] = [token_id]
-        output = ModelRunnerOutput(req_ids=self.req_ids, sampled_token_ids=sampled)
+        output = ModelRunnerOutput(req_ids=self.req_ids, sampled_token_ids=sampled, spec_token_ids=self.spec_token_ids)
         if self._logprobs is not None:
             output.logprobs = self._token_logprobs(self._logprobs, n)
+        for batch_index, (token_ids, logprobs) in self._verified.items():
+            sampled[batch_index] = token_ids
+            if logprobs is not None:
+                output.logprobs = output.logprobs or [None] * n
+                output.logprobs[batch_index] = logprobs
         for chunk in self._prompt:
             ids, values, ranks = chunk.ids.tolist(), chunk.values.tolist(), chunk.ranks.tolist()
             entries = [TokenLogprobs(ids[i], values[i], ranks[i]) for i in range(len(ids))]

@@ -44,6 +44,10 @@ class StepInputs:
     sampling_batch_indices: list[int]  # which scheduled requests sample, in logits order
     prompt_logprobs_plans: list[PromptLogprobsPlan]
     num_tokens: int  # real tokens (input_ids may be padded past this)
+    # Speculative decoding: requests that carry drafts, and the rows of all their scored
+    # positions (last known token + drafts), in batch order; not in sampling_batch_indices.
+    verify_batch_indices: list[int]
+    verify_rows: list[int]
     # Async scheduling: tokens whose id the previous step samples on the device (input_ids
     # holds 0 there until the runner gathers them): their rows, and their requests' batch indices.
     placeholder_rows: list[int]
@@ -126,7 +130,7 @@ class StepInputBuilder:
             self._copied.synchronize()
         self.block_table.begin_step()
         h = self.buffers.np
-        rows, starts, counts, logits_rows, sampling, plans, placeholders = self._fill_token_ids(
+        rows, starts, counts, logits_rows, sampling, plans, placeholders, verify = self._fill_token_ids(
             scheduled, h["input_ids"], prompt_logprobs_done
         )
         seq_lens = starts + counts  # [num_seqs]
@@ -174,6 +178,8 @@ class StepInputBuilder:
             sampling_batch_indices=sampling,
             prompt_logprobs_plans=plans,
             num_tokens=num_tokens,
+            verify_batch_indices=verify[1],
+            verify_rows=verify[0],
             placeholder_rows=placeholders[0],
             placeholder_batch_indices=placeholders[1],
         )
@@ -183,14 +189,19 @@ class StepInputBuilder:
         scheduled: list[ScheduledRequest],
         input_ids: np.ndarray,
         prompt_logprobs_done: dict[str, int],
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], list[int], list[PromptLogprobsPlan], tuple[list[int], list[int]]]:
-        """The per-request loop: block-table rows, new token ids, who samples, and whose new
-        token is a placeholder (the only new token then; see ScheduledRequest)."""
+    ) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray, list[int], list[int], list[PromptLogprobsPlan],
+        tuple[list[int], list[int]], tuple[list[int], list[int]],
+    ]:
+        """The per-request loop: block-table rows, new token ids, who samples, whose new
+        token is a placeholder (the only new token then; see ScheduledRequest), and who
+        verifies drafts (all of its rows are scored)."""
         rows, starts, counts, ids = [], [], [], []
         logits_rows: list[int] = []
         sampling: list[int] = []
         plans: list[PromptLogprobsPlan] = []
         placeholders: tuple[list[int], list[int]] = ([], [])  # (token rows, batch indices)
+        verify: tuple[list[int], list[int]] = ([], [])  # (scored rows, batch indices)
         row_for = self.block_table.row_for
         offset = 0
         # Plain Python lists inside the loop (a numpy scalar write costs ~10x a list append).
@@ -209,20 +220,26 @@ class StepInputBuilder:
                     placeholders[0].append(offset)
                     placeholders[1].append(i)
             else:
-                if start + n > len(tokens):
+                drafts = sched.spec_token_ids
+                known = n - len(drafts)
+                if start + known > len(tokens):
                     raise ValueError(f"{request.request_id}: a placeholder in a {n}-token chunk.")
-                ids.extend(tokens[start : start + n])
+                ids.extend(tokens[start : start + known])
+                if drafts:
+                    ids.extend(drafts)
+                    verify[0].extend(range(offset + known - 1, offset + n))
+                    verify[1].append(i)
             if request.sampling_params.prompt_logprobs is not None:
                 plan = _plan_prompt_logprobs(i, sched, offset, prompt_logprobs_done)
                 if plan is not None:
                     plans.append(plan)
             offset += n
-            if sched.samples:
+            if sched.samples and not sched.spec_token_ids:
                 logits_rows.append(offset - 1)
                 sampling.append(i)
         input_ids[:offset] = ids
         as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
-        return as_array(rows), as_array(starts), as_array(counts), logits_rows, sampling, plans, placeholders
+        return as_array(rows), as_array(starts), as_array(counts), logits_rows, sampling, plans, placeholders, verify
 
     def _copy_to_device(self, padded_tokens: int, padded_seqs: int, step_table: np.ndarray) -> None:
         """Copy this step's prefixes of the host buffers into the device buffers (async)."""

@@ -1,0 +1,118 @@
+"""Speculative decoding benchmark: decode tokens/s with and without speculation on one pair.
+
+    python -m folio.benchmarks.spec_decode --target OUT/target --draft OUT/draft --k 4
+
+Three workloads, greedy, EOS ignored (every request makes exactly --output-len tokens):
+- batch 1, plain prompts (the opening of corpus documents): draft model vs none;
+- batch 1, copy-heavy prompts (a document, then its opening again, so the output quotes the
+  prompt): n-gram vs none;
+- batch --batch (64), plain prompts: the cost of speculation at large batch (draft model and
+  n-gram, each also with disable_by_batch_size).
+Each configuration is a fresh engine; the clock covers `generate` only, after a warm-up.
+Prints one JSON line per run (tokens/s, speed-up over the same workload without speculation,
+acceptance rate, mean accepted length, acceptance per position) and a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from typing import Any
+
+from folio.demo.corpus import pretraining_documents
+
+
+def plain_prompts(n: int) -> list[str]:
+    docs = pretraining_documents(0)
+    return [" ".join(docs[i % len(docs)].split()[:8]) for i in range(n)]
+
+
+def copy_prompts(n: int) -> list[str]:
+    docs = pretraining_documents(0)
+    return [docs[i % len(docs)] + "\n\n" + " ".join(docs[i % len(docs)].split()[:6]) for i in range(n)]
+
+
+def run_one(target: str, spec: dict | None, groups: list[list[str]], output_len: int, **engine: Any) -> dict:
+    """One engine; each group of prompts is one generate call (a group of one: batch 1)."""
+    import torch
+
+    from folio import LLM, SamplingParams
+
+    llm = LLM(model=target, speculative_config=spec, **engine)
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    llm.generate(groups[0][:1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    stats = llm.llm_engine.scheduler.spec_stats
+    before = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+    outputs, seconds = [], 0.0
+    for prompts in groups:
+        start = time.perf_counter()
+        outputs += llm.generate(prompts, params, use_tqdm=False)
+        seconds += time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    drafts, drafted, accepted = (
+        stats.num_drafts - before[0], stats.num_draft_tokens - before[1], stats.num_accepted_tokens - before[2]
+    )
+    result = {
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+        "mean_accepted_length": round(1 + accepted / drafts, 2) if drafts else None,
+        "acceptance_per_position": [round(r, 3) for r in stats.acceptance_rate_per_position()],
+        "outputs": [o.outputs[0].token_ids for o in outputs],
+    }
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--draft", required=True)
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=8, help="batch-1 requests, run one after another")
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args()
+    engine = dict(device=args.device, max_model_len=1024, gpu_memory_utilization=0.5)
+    draft = {"model": args.draft, "num_speculative_tokens": args.k}
+    ngram = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    runs = [
+        ("batch 1, plain", None, plain_prompts(args.prompts), 1),
+        ("batch 1, plain", draft, plain_prompts(args.prompts), 1),
+        ("batch 1, copy-heavy", None, copy_prompts(args.prompts), 1),
+        ("batch 1, copy-heavy", ngram, copy_prompts(args.prompts), 1),
+        (f"batch {args.batch}, plain", None, plain_prompts(args.batch), args.batch),
+        (f"batch {args.batch}, plain", draft, plain_prompts(args.batch), args.batch),
+        (f"batch {args.batch}, plain", ngram, plain_prompts(args.batch), args.batch),
+        (f"batch {args.batch}, plain", {**draft, "disable_by_batch_size": 32}, plain_prompts(args.batch), args.batch),
+    ]
+    baseline: dict[str, tuple[float, list]] = {}  # workload -> (tokens/s, outputs) without speculation
+    rows = []
+    for workload, spec, prompts, batch in runs:
+        groups = [[p] for p in prompts] if batch == 1 else [prompts]  # batch 1: one request at a time
+        result = run_one(args.target, spec, groups, args.output_len, max_num_seqs=max(batch, 8), **engine)
+        outputs = result.pop("outputs")
+        if spec is None:
+            baseline[workload] = (result["tokens_per_s"], outputs)
+        base_tokens_per_s, base_outputs = baseline[workload]
+        result["speedup"] = round(result["tokens_per_s"] / base_tokens_per_s, 2)
+        result["same_outputs_as_no_speculation"] = outputs == base_outputs
+        method = "none" if spec is None else json.dumps(spec)
+        print(json.dumps({"workload": workload, "speculation": method, **result}), flush=True)
+        rows.append((workload, method, result))
+    print("\n| workload | speculation | tok/s | speed-up | acceptance | mean accepted length | same outputs |")
+    print("|---|---|---|---|---|---|---|")
+    for workload, method, r in rows:
+        print(f"| {workload} | `{method}` | {r['tokens_per_s']} | {r['speedup']}x | {r['acceptance_rate']} "
+              f"| {r['mean_accepted_length']} | {r['same_outputs_as_no_speculation']} |")
+
+
+if __name__ == "__main__":
+    main()

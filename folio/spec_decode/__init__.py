@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers that draft tokens, and the exact verification of drafts."""

@@ -1,0 +1,84 @@
+"""Speculator: the runner's one handle on speculative decoding — a proposer and the verifier.
+
+Per step, after the target's forward: `verify` turns the rows of requests that carried drafts
+into their emitted tokens (spec_decode/verifier.py), then `propose` drafts the next step's
+tokens for every request that sampled (spec_decode/proposer.py). Requests without drafts are
+sampled by the ordinary sampler, so features that live only there (a grammar's mask) are
+untouched; such requests never get drafts (Request.can_speculate).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from folio.config import EngineConfig
+from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from folio.logger import init_logger
+from folio.spec_decode.proposer import ProposalBatch, Proposer
+from folio.spec_decode.verifier import GeneratorFor, SpecVerifier, VerifiedTokens
+from folio.worker.step_inputs import StepInputs
+
+logger = init_logger(__name__)
+
+
+def make_proposer(config: EngineConfig, device: torch.device, attn_backend) -> Proposer:  # noqa: ANN001
+    spec = config.speculative
+    assert spec is not None
+    if spec.method == "ngram":
+        from folio.spec_decode.ngram import NgramProposer
+
+        return NgramProposer(spec)
+    from folio.spec_decode.draft_model import DraftModelProposer
+
+    assert config.draft_model is not None
+    return DraftModelProposer(
+        config.draft_model,
+        spec.num_speculative_tokens,
+        config.cache.block_size,
+        config.model.max_model_len,
+        device,
+        attn_backend,
+    )
+
+
+class Speculator:
+    def __init__(self, config: EngineConfig, device: torch.device, attn_backend) -> None:  # noqa: ANN001
+        self.proposer = make_proposer(config, device, attn_backend)
+        self.verifier = SpecVerifier(config.model.vocab_size, config.model.seed, device)
+        spec = config.speculative
+        assert spec is not None
+        self.disable_by_batch_size = spec.disable_by_batch_size
+        logger.info("Speculative decoding: %s, %d tokens per step", spec.method, spec.num_speculative_tokens)
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """Slots past a step the proposer writes its own K/V into (draft models only)."""
+        return self.proposer.k if self.proposer.kv_bytes_per_block else 0
+
+    def verify(
+        self,
+        logits: torch.Tensor,  # [rows, vocab], k_i + 1 rows per request
+        scheduled: list[ScheduledRequest],
+        generator_for: GeneratorFor,
+    ) -> VerifiedTokens:
+        return self.verifier.verify(logits, scheduled, generator_for)
+
+    def propose(
+        self,
+        scheduled: list[ScheduledRequest],
+        inputs: StepInputs,
+        hidden: torch.Tensor,
+        emitted: dict[int, list[int]],
+    ) -> list[list[int]]:
+        """Drafts for every scheduled request, [] for those that get none."""
+        if self.disable_by_batch_size is not None and len(emitted) >= self.disable_by_batch_size:
+            # A draft model's K/V of this batch is still written: later steps may draft again.
+            emitted = {}
+        drafts = self.proposer.propose(ProposalBatch(scheduled, inputs, hidden, emitted))
+        return [drafts.get(i, []) for i in range(len(scheduled))]
+
+    def initialize_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
+        self.proposer.initialize_kv_cache(num_blocks, num_cpu_blocks)
+
+    def move_blocks(self, scheduler_output: SchedulerOutput) -> None:
+        self.proposer.move_blocks(scheduler_output)

@@ -1,0 +1,145 @@
+"""Speculative decoding end to end on the tiny checkpoints: greedy outputs are those of the
+engine without speculation (n-gram, a draft of another architecture, draft = target), batched,
+one by one and preempted (recompute and swap); stop strings, max_tokens, penalties and
+logprobs exact; seeded sampling repeatable; n > 1; beams untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+from folio import LLM, SamplingParams
+from folio.engine.metrics import EngineMetrics
+from folio.sampling_params import BeamSearchParams
+from tests.helpers.checkpoints import make_tiny_checkpoint
+from tests.helpers.tokenizers import save_test_tokenizer
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "Hello, my name is",
+    "a b c a b c a b c a b",
+    {"prompt_token_ids": [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]},
+    "The capital of France is",
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+SMALL_CACHE = dict(num_gpu_blocks_override=14, block_size=4, max_model_len=48, max_num_batched_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict[str, str]:
+    out = {}
+    for kind in ("llama", "qwen3"):
+        path = str(tmp_path_factory.mktemp(kind))
+        make_tiny_checkpoint(kind, path)
+        save_test_tokenizer(path)
+        out[kind] = path
+    return out
+
+
+def _spec(paths, method: str, k: int = 3) -> dict:
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    return {"model": paths["qwen3" if method == "draft-other" else "llama"], "num_speculative_tokens": k}
+
+
+def _llm(paths, spec: dict | None = None, **kwargs) -> LLM:
+    kwargs = {"max_model_len": 64, **kwargs}
+    return LLM(model=paths["llama"], dtype="float32", device="cpu", seed=0, speculative_config=spec, **kwargs)
+
+
+def _summary(outputs):
+    return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def baseline(paths):
+    return _llm(paths)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft-other", "draft-same"])
+def test_greedy_outputs_are_unchanged_batched_and_one_by_one(paths, baseline, method):
+    want = baseline.generate(PROMPTS, GREEDY, use_tqdm=False)
+    llm = _llm(paths, _spec(paths, method))
+    assert _summary(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == _summary(want)
+    for prompt, expected in zip(PROMPTS[:2], want):
+        assert _summary(llm.generate(prompt, GREEDY, use_tqdm=False)) == _summary([expected])
+    engine = llm.llm_engine
+    stats = engine.scheduler.spec_stats
+    assert stats.num_draft_tokens > 0
+    if method == "draft-same":
+        assert stats.acceptance_rate > 0.9  # the draft is the target: (almost) every draft holds
+        metrics = EngineMetrics("m")
+        metrics.record_stats(engine.stats())
+        text = metrics.render().decode()
+        assert f'folio:spec_decode_num_accepted_tokens_total{{model_name="m"}} {float(stats.num_accepted_tokens)}' in text
+        assert 'folio:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"}' in text
+    assert engine.stats().num_free_blocks == engine.stats().num_blocks  # every slot given back
+
+
+@pytest.fixture(scope="module")
+def small_cache_want(paths):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    return params, _llm(paths, **SMALL_CACHE).generate(PROMPTS, params, use_tqdm=False)
+
+
+@pytest.mark.parametrize(
+    "method, mode", [("ngram", "recompute"), ("draft-same", "swap"), ("draft-other", "recompute")]
+)
+def test_greedy_outputs_are_unchanged_under_preemption(paths, small_cache_want, method, mode):
+    params, want = small_cache_want
+    llm = _llm(paths, _spec(paths, method), preemption_mode=mode, **SMALL_CACHE)
+    got = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert _summary(got) == _summary(want)
+    engine = llm.llm_engine
+    assert engine.stats().num_preemptions > 0
+    if mode == "swap":
+        assert engine.stats().num_swap_preemptions > 0
+    assert engine.scheduler.spec_stats.num_draft_tokens > 0
+    assert engine.stats().num_free_blocks == engine.stats().num_blocks
+
+
+def test_stop_strings_max_tokens_penalties_and_logprobs_are_exact(paths, baseline):
+    """draft = target accepts k tokens a step, so stops land inside accepted runs."""
+    ref, _, ref2, _ = [o.outputs[0] for o in baseline.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    stop_text = ref.text[len(ref.text) // 2 : len(ref.text) // 2 + 2]  # ends the output mid-run
+    params = [
+        SamplingParams(temperature=0, max_tokens=20, stop=[stop_text]),
+        SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),  # not a multiple of k + 1
+        SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[ref2.token_ids[5]], ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.4, presence_penalty=0.5, min_tokens=3),
+    ]
+    want = baseline.generate(PROMPTS, params, use_tqdm=False)
+    assert want[0].outputs[0].finish_reason == "stop" and want[2].outputs[0].finish_reason == "stop"
+    llm = _llm(paths, _spec(paths, "draft-same"))
+    got = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert _summary(got) == _summary(want)
+    assert len(got[1].outputs[0].token_ids) == 7
+    logprobs = SamplingParams(temperature=0, max_tokens=9, logprobs=2, ignore_eos=True)
+    [a] = llm.generate(PROMPTS[1], logprobs, use_tqdm=False)
+    [b] = baseline.generate(PROMPTS[1], logprobs, use_tqdm=False)
+    for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+        assert x.keys() == y.keys()
+        assert all(abs(x[t].logprob - y[t].logprob) < 1e-4 and x[t].rank == y[t].rank for t in x)
+
+
+def test_seeded_sampling_repeats_and_n_samples(paths, baseline):
+    llm = _llm(paths, _spec(paths, "draft-same"))
+    seeded = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=11, max_tokens=12, ignore_eos=True)
+    first = llm.generate(PROMPTS[:2], seeded, use_tqdm=False)
+    again = llm.generate(PROMPTS[:2], seeded, use_tqdm=False)
+    assert _summary(first) == _summary(again)
+    assert all(len(o.outputs[0].token_ids) == 12 for o in first)
+    n_greedy = SamplingParams(temperature=0, n=3, max_tokens=10, ignore_eos=True)
+    [got] = llm.generate(PROMPTS[1], n_greedy, use_tqdm=False)
+    [want] = baseline.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    assert [c.token_ids for c in got.outputs] == [want.outputs[0].token_ids] * 3
+    llm.llm_engine.runner.speculator.disable_by_batch_size = 2  # as speculative_config sets it
+    drafts = llm.llm_engine.scheduler.spec_stats.num_drafts
+    batched = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
+    assert llm.llm_engine.scheduler.spec_stats.num_drafts == drafts  # 3 requests: no drafts
+    assert _summary(batched) == _summary(baseline.generate(PROMPTS[:3], GREEDY, use_tqdm=False))
+    beams = BeamSearchParams(beam_width=2, max_tokens=5)
+    prompt = [{"prompt_token_ids": [3, 4, 5, 6]}]
+    assert [b.tokens for b in llm.beam_search(prompt, beams)[0].sequences] == [
+        b.tokens for b in baseline.beam_search(prompt, beams)[0].sequences
+    ]
