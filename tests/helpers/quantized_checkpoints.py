@@ -185,13 +185,14 @@ def write_int4(src: str, dst: str, fmt: str, group_size: int, symmetric: bool, d
             out[name] = dequantized[name] = tensor
             continue
         n, k = tensor.shape
-        g_idx = torch.arange(k) // group_size
+        group = k if group_size == -1 else group_size  # -1: one group over all input features
+        g_idx = torch.arange(k) // group
         if desc_act:  # act order: a permutation of the input channels, shared by layers that
             # share their input (q/k/v, gate/up), as GPTQ's order comes from the input statistics
             key = (module.rpartition(".")[0], _INPUT_OF.get(module.rpartition(".")[2]))
             perms.setdefault(key, torch.randperm(k, generator=gen))
             g_idx = g_idx[perms[key]]
-        q, scale, zero, w = _rtn_by_gidx(tensor.float(), g_idx, group_size, symmetric)
+        q, scale, zero, w = _rtn_by_gidx(tensor.float(), g_idx, group, symmetric)
         dequantized[name] = w.to(tensor.dtype)
         out.update(_int4_tensors(module, fmt, q, scale, zero, g_idx))
     _save_float(src, dst, out, _int4_config(fmt, group_size, symmetric, desc_act))

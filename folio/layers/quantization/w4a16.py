@@ -66,6 +66,27 @@ def _one_g_idx(layer: nn.Module, g_idx: torch.Tensor) -> torch.Tensor:
     return g_idx[0]
 
 
+def _consecutive(layer: nn.Module, g_idx: torch.Tensor, one_group: bool) -> bool:
+    """Whether this rank's input rows are in group order: row i in group first + i // G, where
+    first is the group this rank's input slice starts in (g_idx values are global; 0 when one
+    group spans all of K)."""
+    start, k = layer.input_slice()
+    first = 0 if one_group else start // layer.w4_group_size
+    expected = first + torch.arange(k) // layer.w4_group_size
+    return torch.equal(g_idx.long().cpu(), expected)
+
+
+def _check_act_order_unsharded(layer: nn.Module) -> None:
+    """Act order on a row-parallel rank: its input rows fall in arbitrary groups, not whole
+    groups of G, which the kernel's layout (row i in group i // G after sorting) cannot hold."""
+    if layer.role == "row" and layer.tp_size > 1:
+        raise ValueError(
+            f"{layer.prefix}: act-order (desc_act) INT4 weights cannot be split over "
+            f"{layer.tp_size} tensor-parallel ranks along their input (row-parallel layers); "
+            "use tensor_parallel_size=1 or a checkpoint quantized without act order."
+        )
+
+
 class W4A16LinearMethod(LinearMethod):
     """4-bit weights in groups of `group_size` input rows (-1: one group per column)."""
 
@@ -95,22 +116,25 @@ class W4A16LinearMethod(LinearMethod):
             raise ValueError(f"{what}: INT4 needs output sizes {output_partition_sizes} in multiples of 8.")
         layer.w4_group_size = g
         groups, f32 = k // g, torch.float32  # scales load in float32: fp16 -> bf16 would round
+        # One group over all of K (group_size -1): the checkpoint's single scale/zero row covers
+        # every rank's input slice, so a row-parallel rank keeps it whole rather than slicing it.
+        g_in, g_in_t = (0, 1) if self.group_size > 0 else (None, None)  # input axis of [K/G, N] / [N, K/G]
         if self.layout == "rtn":
             new_param(layer, "weight", (n, k), params_dtype, output_dim=0, input_dim=1)
         elif self.layout in ("gptq", "gptq_v2"):
             _packed(layer, "qweight", (k // PACK, n), input_dim=0, output_dim=1, packed_dim=0)
-            _packed(layer, "qzeros", (groups, n // PACK), input_dim=0, output_dim=1, packed_dim=1, group_size=g)
-            new_param(layer, "scales", (groups, n), f32, input_dim=0, output_dim=1, group_size=g)
+            _packed(layer, "qzeros", (groups, n // PACK), input_dim=g_in, output_dim=1, packed_dim=1, group_size=g)
+            new_param(layer, "scales", (groups, n), f32, input_dim=g_in, output_dim=1, group_size=g)
             _g_idx(layer, "g_idx", k, g, len(output_partition_sizes))
         elif self.layout == "awq":
             _packed(layer, "qweight", (k, n // PACK), input_dim=0, output_dim=1, packed_dim=1)
-            _packed(layer, "qzeros", (groups, n // PACK), input_dim=0, output_dim=1, packed_dim=1, group_size=g)
-            new_param(layer, "scales", (groups, n), f32, input_dim=0, output_dim=1, group_size=g)
+            _packed(layer, "qzeros", (groups, n // PACK), input_dim=g_in, output_dim=1, packed_dim=1, group_size=g)
+            new_param(layer, "scales", (groups, n), f32, input_dim=g_in, output_dim=1, group_size=g)
         else:
             _packed(layer, "weight_packed", (n, k // PACK), output_dim=0, input_dim=1, packed_dim=1)
-            new_param(layer, "weight_scale", (n, groups), f32, output_dim=0, input_dim=1, group_size=g)
+            new_param(layer, "weight_scale", (n, groups), f32, output_dim=0, input_dim=g_in_t, group_size=g)
             if not self.symmetric:
-                _packed(layer, "weight_zero_point", (n // PACK, groups), output_dim=0, input_dim=1, packed_dim=0, group_size=g)
+                _packed(layer, "weight_zero_point", (n // PACK, groups), output_dim=0, input_dim=g_in_t, packed_dim=0, group_size=g)
             if self.desc_act:
                 _g_idx(layer, "weight_g_idx", k, g, len(output_partition_sizes))
 
@@ -120,7 +144,8 @@ class W4A16LinearMethod(LinearMethod):
         for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
             delattr(layer, name)
         perm = None
-        if g_idx is not None and not torch.equal(g_idx.long().cpu(), torch.arange(q.shape[0]) // layer.w4_group_size):
+        if g_idx is not None and not _consecutive(layer, g_idx, self.group_size <= 0):
+            _check_act_order_unsharded(layer)
             perm = torch.argsort(g_idx.long(), stable=True)  # input rows sorted by group
             q = q[perm]
         frozen = lambda t: nn.Parameter(t.contiguous(), requires_grad=False)  # noqa: E731
