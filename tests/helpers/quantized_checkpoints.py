@@ -33,6 +33,7 @@ def write_compressed_tensors(
     group_size: int | None = None,
     calib_ids: list[int] | None = None,
     ignore: tuple[str, ...] = (),
+    actorder: str | None = None,
 ) -> str:
     """Quantize the float checkpoint `src` with a compressed-tensors preset (FP8_DYNAMIC, FP8,
     W4A16, W4A16_ASYM) and save it, compressed, to `dst`."""
@@ -49,6 +50,8 @@ def write_compressed_tensors(
     scheme = preset_name_to_scheme(preset, ["Linear"])
     if group_size is not None:
         scheme.weights.group_size = group_size
+    if actorder is not None:  # "weight": calibration order only, the layout stays as without
+        scheme.weights.actorder = actorder
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head", *ignore]))
     for name, module in model.named_modules():
         if getattr(module, "quantization_scheme", None) is not None:

@@ -86,6 +86,13 @@ def test_compressed_tensors_int4_matches_its_own_dequantization(float_checkpoint
     assert_logits_close(folio_logits(path), hf_logits(path + "-dequantized", PROMPTS), 1e-4)
 
 
+def test_compressed_tensors_int4_weight_actorder_loads(float_checkpoint, tmp_path):
+    """actorder "weight" (llm-compressor's GPTQ default; "static" is its alias) changes only
+    the calibration order: no g_idx, the same layout, so the same path as without."""
+    path = write_compressed_tensors(float_checkpoint, str(tmp_path / "w4"), "W4A16", group_size=32, actorder="weight")
+    assert_logits_close(folio_logits(path), hf_logits(path, PROMPTS), 1e-4)
+
+
 def test_compressed_tensors_symmetric_int4_matches_transformers_reading_it(float_checkpoint, tmp_path):
     path = write_compressed_tensors(float_checkpoint, str(tmp_path / "w4"), "W4A16", group_size=32)
     assert_logits_close(folio_logits(path), hf_logits(path, PROMPTS), 1e-4)
