@@ -9,7 +9,7 @@ import pytest
 
 from folio import LLM, SamplingParams
 from tests.helpers.checkpoints import make_tiny_checkpoint
-from tests.helpers.quantized_checkpoints import write_int4
+from tests.helpers.quantized_checkpoints import write_compressed_tensors, write_int4
 
 # Row-parallel inputs per rank (o_proj 64, down_proj 128) in whole groups of 32.
 SHAPES = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
@@ -37,6 +37,17 @@ def test_channelwise_int4_tp2_equals_tp1(float_checkpoint, tmp_path, fmt):
     """group_size -1: one scale row over all of K, which every row-parallel rank keeps whole
     (slicing it by rank read past its single row)."""
     path = write_int4(float_checkpoint, str(tmp_path / fmt), fmt, group_size=-1, symmetric=False)
+    assert _tokens(path, 2) == _tokens(path, 1)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "compressed-tensors"])
+def test_grouped_asymmetric_int4_tp2_equals_tp1(float_checkpoint, tmp_path, fmt):
+    """Groups of 32: each rank's groups of scales and zeros, zeros packed along N (GPTQ qzeros
+    [K/G, N/8]; compressed-tensors weight_zero_point [N/8, K/G])."""
+    if fmt == "gptq":
+        path = write_int4(float_checkpoint, str(tmp_path / fmt), fmt, group_size=32, symmetric=False)
+    else:
+        path = write_compressed_tensors(float_checkpoint, str(tmp_path / "ct"), "W4A16_ASYM", group_size=32)
     assert _tokens(path, 2) == _tokens(path, 1)
 
 
