@@ -5,6 +5,8 @@ the greedy tokens of tp=1; what cannot be split is a clear error at load.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from folio import LLM, SamplingParams
@@ -40,12 +42,15 @@ def test_channelwise_int4_tp2_equals_tp1(float_checkpoint, tmp_path, fmt):
     assert _tokens(path, 2) == _tokens(path, 1)
 
 
-@pytest.mark.parametrize("fmt", ["gptq", "compressed-tensors"])
+@pytest.mark.parametrize("fmt", ["gptq", "gptq-without-g_idx", "compressed-tensors"])
 def test_grouped_asymmetric_int4_tp2_equals_tp1(float_checkpoint, tmp_path, fmt):
     """Groups of 32: each rank's groups of scales and zeros, zeros packed along N (GPTQ qzeros
-    [K/G, N/8]; compressed-tensors weight_zero_point [N/8, K/G])."""
-    if fmt == "gptq":
-        path = write_int4(float_checkpoint, str(tmp_path / fmt), fmt, group_size=32, symmetric=False)
+    [K/G, N/8]; compressed-tensors weight_zero_point [N/8, K/G]). A GPTQ checkpoint may leave
+    g_idx out: a row-parallel rank's default groups continue where the previous rank's end."""
+    if fmt.startswith("gptq"):
+        path = write_int4(float_checkpoint, str(tmp_path / "gptq"), "gptq", group_size=32, symmetric=False)
+        if fmt == "gptq-without-g_idx":
+            _drop_g_idx(path)
     else:
         path = write_compressed_tensors(float_checkpoint, str(tmp_path / "ct"), "W4A16_ASYM", group_size=32)
     assert _tokens(path, 2) == _tokens(path, 1)
@@ -56,3 +61,11 @@ def test_act_order_row_parallel_is_a_clear_error(float_checkpoint, tmp_path):
     path = write_int4(float_checkpoint, str(tmp_path / "gptq"), "gptq", group_size=32, symmetric=True, desc_act=True)
     with pytest.raises(Exception, match="act-order"):
         _tokens(path, 2)
+
+
+def _drop_g_idx(path: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    file = os.path.join(path, "model.safetensors")
+    tensors = {k: v for k, v in load_file(file).items() if not k.endswith(".g_idx")}
+    save_file(tensors, file, metadata={"format": "pt"})
