@@ -13,6 +13,7 @@ from torch import nn
 from folio.attention.backends.base import AttentionBackend
 from folio.attention.backends.torch_ref import prefill_attention_no_cache
 from folio.attention.metadata import AttentionMetadata
+from folio.kernels.reshape_and_cache import FP8_KV_DTYPE
 
 
 class Attention(nn.Module):
@@ -76,7 +77,9 @@ class Attention(nn.Module):
                 q, k, v, attn_metadata.query_start_loc_cpu, self.scale, self.sliding_window
             )
         else:
-            scales = dict(k_scale=self.k_scale_value, v_scale=self.v_scale_value)
+            # Checkpoint scales describe an FP8 cache; a full-precision one holds K and V as they are.
+            fp8 = self.kv_cache.dtype == FP8_KV_DTYPE
+            scales = dict(k_scale=self.k_scale_value, v_scale=self.v_scale_value) if fp8 else {}
             self.backend.write_kv(k, v, self.kv_cache, attn_metadata.slot_mapping, **scales)
             out = self.backend.forward(
                 q, self.kv_cache, attn_metadata, self.scale, self.sliding_window, **scales

@@ -39,6 +39,16 @@ def check_shape(name: str, expected: torch.Size, loaded: torch.Tensor) -> None:
         )
 
 
+def check_fp8_codes(name: str, expected: torch.dtype, loaded: torch.dtype) -> None:
+    """FP8 weights must arrive as FP8 codes: a float weight cast to e4m3 and then multiplied by
+    its scale would be silently wrong (e.g. a compressed-tensors checkpoint saved 'dense')."""
+    if expected == torch.float8_e4m3fn and loaded != expected:
+        raise ValueError(
+            f"Checkpoint tensor for {name} is {loaded}, but its quantization_config says FP8 "
+            "(float8_e4m3fn codes with scales); save the checkpoint compressed."
+        )
+
+
 def _split(size: int, parts: int, what: str) -> int:
     if size % parts:
         raise ValueError(f"{what} ({size}) does not divide over {parts} tensor-parallel ranks.")
@@ -145,7 +155,9 @@ class LinearBase(nn.Module):
                 start, size = start // group, size // group
             loaded = self._narrow_checked(loaded, input_dim, start, size, where)
         check_shape(where, target.shape, loaded)
-        target.copy_(as_tensor(loaded))  # reads only this rank's slice of a checkpoint file
+        tensor = as_tensor(loaded)  # reads only this rank's slice of a checkpoint file
+        check_fp8_codes(where, target.dtype, tensor.dtype)
+        target.copy_(tensor)
 
     def _load_shard_entry(
         self, param: nn.Parameter, loaded: torch.Tensor, index: int | None, where: str

@@ -33,6 +33,7 @@ def write_compressed_tensors(
     group_size: int | None = None,
     calib_ids: list[int] | None = None,
     ignore: tuple[str, ...] = (),
+    actorder: str | None = None,
 ) -> str:
     """Quantize the float checkpoint `src` with a compressed-tensors preset (FP8_DYNAMIC, FP8,
     W4A16, W4A16_ASYM) and save it, compressed, to `dst`."""
@@ -49,6 +50,8 @@ def write_compressed_tensors(
     scheme = preset_name_to_scheme(preset, ["Linear"])
     if group_size is not None:
         scheme.weights.group_size = group_size
+    if actorder is not None:  # "weight": calibration order only, the layout stays as without
+        scheme.weights.actorder = actorder
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head", *ignore]))
     for name, module in model.named_modules():
         if getattr(module, "quantization_scheme", None) is not None:
@@ -185,13 +188,14 @@ def write_int4(src: str, dst: str, fmt: str, group_size: int, symmetric: bool, d
             out[name] = dequantized[name] = tensor
             continue
         n, k = tensor.shape
-        g_idx = torch.arange(k) // group_size
+        group = k if group_size == -1 else group_size  # -1: one group over all input features
+        g_idx = torch.arange(k) // group
         if desc_act:  # act order: a permutation of the input channels, shared by layers that
             # share their input (q/k/v, gate/up), as GPTQ's order comes from the input statistics
             key = (module.rpartition(".")[0], _INPUT_OF.get(module.rpartition(".")[2]))
             perms.setdefault(key, torch.randperm(k, generator=gen))
             g_idx = g_idx[perms[key]]
-        q, scale, zero, w = _rtn_by_gidx(tensor.float(), g_idx, group_size, symmetric)
+        q, scale, zero, w = _rtn_by_gidx(tensor.float(), g_idx, group, symmetric)
         dequantized[name] = w.to(tensor.dtype)
         out.update(_int4_tensors(module, fmt, q, scale, zero, g_idx))
     _save_float(src, dst, out, _int4_config(fmt, group_size, symmetric, desc_act))

@@ -98,3 +98,23 @@ def test_engine_fits_more_blocks_and_generates(checkpoint):
 def test_bad_kv_cache_dtype_is_refused(checkpoint):
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         LLM(model=checkpoint, device="cpu", kv_cache_dtype="int8")
+
+
+def test_checkpoint_kv_scales_leave_a_full_precision_cache_alone(checkpoint, tmp_path):
+    """A checkpoint with k/v scales run with kv_cache_dtype="auto": the cache holds K and V as
+    they are, so the Triton kernels must not rescale what they read (the decode kernel did)."""
+    from folio.attention.backends.triton_backend import TritonAttentionBackend
+
+    path = _with_kv_scales(checkpoint, str(tmp_path / "scaled"), 4 / 448, 2 / 448)
+    schedule = [[(0, PROMPT[:20])], [(0, [7])], [(0, [8])]]  # a prefill, then two decodes
+    reference = _run_schedule(load_folio(checkpoint), schedule)
+    model = load_folio(path)
+    for layer in model.attention_layers():
+        layer.backend = TritonAttentionBackend(prefill_kernel=False)
+    torch.testing.assert_close(_run_schedule(model, schedule), reference, atol=1e-4, rtol=0)
+
+
+def _run_schedule(model, schedule) -> torch.Tensor:
+    attn = model.attention_layers()[0]
+    kv = PagedKV(model, attn.num_kv_heads, attn.head_dim, blocks_needed([len(PROMPT)], 16), 16)
+    return run_schedule(kv, schedule)[0]

@@ -86,6 +86,13 @@ def test_compressed_tensors_int4_matches_its_own_dequantization(float_checkpoint
     assert_logits_close(folio_logits(path), hf_logits(path + "-dequantized", PROMPTS), 1e-4)
 
 
+def test_compressed_tensors_int4_weight_actorder_loads(float_checkpoint, tmp_path):
+    """actorder "weight" (llm-compressor's GPTQ default; "static" is its alias) changes only
+    the calibration order: no g_idx, the same layout, so the same path as without."""
+    path = write_compressed_tensors(float_checkpoint, str(tmp_path / "w4"), "W4A16", group_size=32, actorder="weight")
+    assert_logits_close(folio_logits(path), hf_logits(path, PROMPTS), 1e-4)
+
+
 def test_compressed_tensors_symmetric_int4_matches_transformers_reading_it(float_checkpoint, tmp_path):
     path = write_compressed_tensors(float_checkpoint, str(tmp_path / "w4"), "W4A16", group_size=32)
     assert_logits_close(folio_logits(path), hf_logits(path, PROMPTS), 1e-4)
@@ -154,3 +161,28 @@ def test_gpu_kernels_follow_the_cpu_path(float_checkpoint, tmp_path, fmt):
         for a, b in zip(cpu.outputs[0].logprobs, gpu.outputs[0].logprobs):
             token = next(iter(a))
             assert abs(a[token].logprob - b[token].logprob) < 1e-2
+
+
+def test_fp8_checkpoint_with_float_weights_is_refused(float_checkpoint, tmp_path):
+    """A compressed-tensors FP8 config over float weights (saved 'dense', fake-quantized): cast
+    to e4m3 and multiplied by their scales they would be garbage, so loading refuses."""
+    import json
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    path = write_compressed_tensors(float_checkpoint, str(tmp_path / "ct"), "FP8_DYNAMIC")
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    for name in [n for n, t in tensors.items() if t.dtype == torch.float8_e4m3fn]:
+        tensors[name] = tensors[name].float() * tensors[name + "_scale"].float()  # [N, K] * [N, 1]
+    save_file(tensors, file, metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"]["format"] = "dense"
+    for group in config["quantization_config"]["config_groups"].values():
+        group["format"] = "dense"
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match=r"proj.weight is torch.float32, but its quantization_config says FP8"):
+        load_folio(path)

@@ -125,7 +125,7 @@ def method_for(scheme: Scheme) -> LinearMethod:
         and w.get("num_bits") == 4
         and a is None
         and w.get("strategy") in ("group", "channel")
-        and w.get("actorder") in (None, False, "group", "static")
+        and w.get("actorder") in (None, False, "group", "weight", "static")  # static: weight's alias
     ):
         from folio.layers.quantization.w4a16 import W4A16LinearMethod
 

@@ -49,12 +49,21 @@ def _packed(layer: nn.Module, name: str, shape: tuple[int, int], **attrs: int) -
     new_param(layer, name, shape, torch.int32, pack_factor=PACK, **attrs)
 
 
-def _g_idx(layer: nn.Module, name: str, k: int, group: int, shards: int) -> None:
+def _g_idx(layer: nn.Module, name: str, k: int, one_group: bool, shards: int) -> None:
     """The group of each input row, one row per merged shard (act order must agree across
     shards to fuse them; it does in real checkpoints, as shards share their input). Without
     one in the checkpoint, groups are consecutive."""
     new_param(layer, name, (shards, k), torch.int32, input_dim=1, shard_scale=True, optional=True)
-    getattr(layer, name).data.copy_((torch.arange(k) // group).expand(shards, k))
+    getattr(layer, name).data.copy_(_consecutive_groups(layer, one_group).expand(shards, k))
+
+
+def _consecutive_groups(layer: nn.Module, one_group: bool) -> torch.Tensor:
+    """[K per rank] the group of each of this rank's input rows without act order: row i in
+    group first + i // G, first being the group its input slice starts in (g_idx values are
+    global; 0 when one group spans all of K)."""
+    start, k = layer.input_slice()
+    first = 0 if one_group else start // layer.w4_group_size
+    return first + torch.arange(k) // layer.w4_group_size
 
 
 def _one_g_idx(layer: nn.Module, g_idx: torch.Tensor) -> torch.Tensor:
@@ -64,6 +73,17 @@ def _one_g_idx(layer: nn.Module, g_idx: torch.Tensor) -> torch.Tensor:
             "as one matmul and needs one input order."
         )
     return g_idx[0]
+
+
+def _check_act_order_unsharded(layer: nn.Module) -> None:
+    """Act order on a row-parallel rank: its input rows fall in arbitrary groups, not whole
+    groups of G, which the kernel's layout (row i in group i // G after sorting) cannot hold."""
+    if layer.role == "row" and layer.tp_size > 1:
+        raise ValueError(
+            f"{layer.prefix}: act-order (desc_act) INT4 weights cannot be split over "
+            f"{layer.tp_size} tensor-parallel ranks along their input (row-parallel layers); "
+            "use tensor_parallel_size=1 or a checkpoint quantized without act order."
+        )
 
 
 class W4A16LinearMethod(LinearMethod):
@@ -95,24 +115,27 @@ class W4A16LinearMethod(LinearMethod):
             raise ValueError(f"{what}: INT4 needs output sizes {output_partition_sizes} in multiples of 8.")
         layer.w4_group_size = g
         groups, f32 = k // g, torch.float32  # scales load in float32: fp16 -> bf16 would round
+        # One group over all of K (group_size -1): the checkpoint's single scale/zero row covers
+        # every rank's input slice, so a row-parallel rank keeps it whole rather than slicing it.
+        g_in, g_in_t = (0, 1) if self.group_size > 0 else (None, None)  # input axis of [K/G, N] / [N, K/G]
         if self.layout == "rtn":
             new_param(layer, "weight", (n, k), params_dtype, output_dim=0, input_dim=1)
         elif self.layout in ("gptq", "gptq_v2"):
             _packed(layer, "qweight", (k // PACK, n), input_dim=0, output_dim=1, packed_dim=0)
-            _packed(layer, "qzeros", (groups, n // PACK), input_dim=0, output_dim=1, packed_dim=1, group_size=g)
-            new_param(layer, "scales", (groups, n), f32, input_dim=0, output_dim=1, group_size=g)
-            _g_idx(layer, "g_idx", k, g, len(output_partition_sizes))
+            _packed(layer, "qzeros", (groups, n // PACK), input_dim=g_in, output_dim=1, packed_dim=1, group_size=g)
+            new_param(layer, "scales", (groups, n), f32, input_dim=g_in, output_dim=1, group_size=g)
+            _g_idx(layer, "g_idx", k, self.group_size <= 0, len(output_partition_sizes))
         elif self.layout == "awq":
             _packed(layer, "qweight", (k, n // PACK), input_dim=0, output_dim=1, packed_dim=1)
-            _packed(layer, "qzeros", (groups, n // PACK), input_dim=0, output_dim=1, packed_dim=1, group_size=g)
-            new_param(layer, "scales", (groups, n), f32, input_dim=0, output_dim=1, group_size=g)
+            _packed(layer, "qzeros", (groups, n // PACK), input_dim=g_in, output_dim=1, packed_dim=1, group_size=g)
+            new_param(layer, "scales", (groups, n), f32, input_dim=g_in, output_dim=1, group_size=g)
         else:
             _packed(layer, "weight_packed", (n, k // PACK), output_dim=0, input_dim=1, packed_dim=1)
-            new_param(layer, "weight_scale", (n, groups), f32, output_dim=0, input_dim=1, group_size=g)
+            new_param(layer, "weight_scale", (n, groups), f32, output_dim=0, input_dim=g_in_t, group_size=g)
             if not self.symmetric:
-                _packed(layer, "weight_zero_point", (n // PACK, groups), output_dim=0, input_dim=1, packed_dim=0, group_size=g)
+                _packed(layer, "weight_zero_point", (n // PACK, groups), output_dim=0, input_dim=g_in_t, packed_dim=0, group_size=g)
             if self.desc_act:
-                _g_idx(layer, "weight_g_idx", k, g, len(output_partition_sizes))
+                _g_idx(layer, "weight_g_idx", k, self.group_size <= 0, len(output_partition_sizes))
 
     # ---- repack into the kernel's layout ------------------------------------------------------
     def process_weights_after_loading(self, layer: nn.Module) -> None:
@@ -120,7 +143,8 @@ class W4A16LinearMethod(LinearMethod):
         for name in [n for n, _ in layer.named_parameters(recurse=False) if n != "bias"]:
             delattr(layer, name)
         perm = None
-        if g_idx is not None and not torch.equal(g_idx.long().cpu(), torch.arange(q.shape[0]) // layer.w4_group_size):
+        if g_idx is not None and not torch.equal(g_idx.long().cpu(), _consecutive_groups(layer, self.group_size <= 0)):
+            _check_act_order_unsharded(layer)
             perm = torch.argsort(g_idx.long(), stable=True)  # input rows sorted by group
             q = q[perm]
         frozen = lambda t: nn.Parameter(t.contiguous(), requires_grad=False)  # noqa: E731
