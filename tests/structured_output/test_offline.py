@@ -368,3 +368,7 @@ def test_a_compile_failure_fails_that_request_only(checkpoint):
     assert not llm.llm_engine.has_unfinished_requests()
     (ok,) = llm.generate("x", SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(ok.outputs[0].token_ids) == 3
+    # The failure is not cached: once the backend works again, the same constraint compiles.
+    del manager.backend.compile
+    (again,) = llm.generate("x", params, use_tqdm=False)
+    assert re.fullmatch("[ab]+", again.outputs[0].text)
