@@ -30,6 +30,7 @@ class _Parked:
     request_id: str  # the user's request id
     requests: list[Request]  # its samples, in scheduling order (n > 1: parent first)
     compiled: cf.Future[CompiledGrammar]
+    spec: GrammarSpec
 
 
 @dataclass
@@ -102,7 +103,7 @@ class StructuredOutputManager:
 
     def park(self, request_id: str, requests: list[Request], spec: GrammarSpec) -> None:
         """Hold the samples of one request until their grammar is compiled."""
-        self._parked.append(_Parked(request_id, requests, self._compile(spec)))
+        self._parked.append(_Parked(request_id, requests, self._compile(spec), spec))
 
     def _compile(self, spec: GrammarSpec) -> cf.Future[CompiledGrammar]:
         future = self._cache.get(spec)
@@ -125,6 +126,10 @@ class StructuredOutputManager:
                 continue
             error = parked.compiled.exception()
             if error is not None:
+                # Not cached: a failure may be transient (memory, a cancelled future); the next
+                # request with this spec compiles it again rather than failing at once.
+                if self._cache.get(parked.spec) is parked.compiled:
+                    del self._cache[parked.spec]
                 ready.failed.append((parked.request_id, [r.request_id for r in parked.requests], error))
                 continue
             compiled = parked.compiled.result()

@@ -19,7 +19,8 @@ from folio.sampling_params import SamplingParamsError, StructuredOutputsParams
 @dataclass(frozen=True)
 class GrammarSpec:
     kind: str  # one of sampling_params.STRUCTURED_OUTPUT_KINDS
-    # The constraint as text: a JSON schema (canonical JSON), a regex, an EBNF grammar, a
+    # The constraint as text: a JSON schema (JSON in the schema's own key order: the grammar
+    # writes properties in the order the schema declares them, as vLLM does), a regex, an EBNF grammar, a
     # structural tag, or the JSON list of choices; "" for json_object.
     value: str
     any_whitespace: bool = True  # JSON kinds: whether free whitespace may appear between tokens
@@ -34,7 +35,7 @@ class GrammarSpec:
             schema = parse_json_schema(params.json)
             if params.disable_additional_properties:
                 schema = _closed_objects(schema)
-            return cls(kind, json.dumps(schema, sort_keys=True), any_whitespace)
+            return cls(kind, json.dumps(schema), any_whitespace)
         if kind == "json_object":
             return cls(kind, "", any_whitespace)
         if kind == "choice":

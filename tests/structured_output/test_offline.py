@@ -164,6 +164,20 @@ def test_greedy_equals_grammar_applied_to_transformers_logits(llm, checkpoint):
         assert list(out.outputs[0].token_ids) == _reference_greedy(checkpoint, prompt, schema, 120)
 
 
+def test_properties_come_in_the_schema_declaration_order(llm):
+    """A schema declares "thought" before "answer" (chain of thought): the output must too, as
+    in vLLM, and the same schema in another order is another grammar, not a cache hit."""
+    inner = {"type": "object", "properties": {"z": {"type": "boolean"}, "a": {"type": "null"}}, "required": ["z", "a"], "additionalProperties": False}
+    word = {"type": "string", "pattern": "^[a-z]{1,5}$"}
+    props = {"thought": word, "answer": {"type": "integer", "minimum": 0, "maximum": 9}, "detail": inner}
+    for order in (list(props), list(reversed(props))):
+        schema = {"type": "object", "properties": {k: props[k] for k in order}, "required": order, "additionalProperties": False}
+        params = SamplingParams(temperature=1.0, n=3, max_tokens=120, structured_outputs=_json(schema))
+        for c in llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs:
+            value = json.loads(c.text)
+            assert list(value) == order and list(value["detail"]) == ["z", "a"], c.text
+
+
 def test_preemption_and_n_keep_grammar_state(checkpoint, llm):
     """A KV cache so small that requests are preempted and recomputed: the same greedy outputs,
     and every sample of n > 1 still matches."""
@@ -354,3 +368,7 @@ def test_a_compile_failure_fails_that_request_only(checkpoint):
     assert not llm.llm_engine.has_unfinished_requests()
     (ok,) = llm.generate("x", SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(ok.outputs[0].token_ids) == 3
+    # The failure is not cached: once the backend works again, the same constraint compiles.
+    del manager.backend.compile
+    (again,) = llm.generate("x", params, use_tqdm=False)
+    assert re.fullmatch("[ab]+", again.outputs[0].text)
