@@ -103,7 +103,7 @@ class OpenAIServingChat(OpenAIServing):
                 index=c.index,
                 message=message,
                 logprobs=self._logprobs(call, c),
-                finish_reason=_finish_reason(c.finish_reason, made_calls),
+                finish_reason=_finish_reason(c.finish_reason, made_calls, call.parser.plan.mode == "named"),
                 stop_reason=c.stop_reason,
             ))
         return ChatCompletionResponse(
@@ -175,7 +175,7 @@ class OpenAIServingChat(OpenAIServing):
             index=c.index,
             delta=DeltaMessage(content=delta.content, reasoning_content=delta.reasoning, tool_calls=delta.tool_calls),
             logprobs=logprobs,
-            finish_reason=_finish_reason(c.finish_reason, streamer.made_calls),
+            finish_reason=_finish_reason(c.finish_reason, streamer.made_calls, call.parser.plan.mode == "named"),
             stop_reason=c.stop_reason,
         )
 
@@ -190,9 +190,10 @@ def _message(parser: ChatOutputParser, text: str) -> tuple[ChatResponseMessage, 
     return ChatResponseMessage(content=content, tool_calls=calls, reasoning_content=parsed.reasoning), bool(calls)
 
 
-def _finish_reason(reason: str | None, made_calls: bool) -> str | None:
-    """A reply that ended normally with tool calls finishes with "tool_calls", as in OpenAI."""
-    return "tool_calls" if reason == "stop" and made_calls else reason
+def _finish_reason(reason: str | None, made_calls: bool, named: bool) -> str | None:
+    """A reply that ended normally with tool calls finishes with "tool_calls", as in OpenAI;
+    a call forced by a named tool_choice finishes with "stop", as OpenAI (and vLLM) answer it."""
+    return "tool_calls" if reason == "stop" and made_calls and not named else reason
 
 
 class _Call:
