@@ -96,3 +96,25 @@ def test_idle_past_the_collective_timeout_then_a_killed_worker_fails_within_seco
     finally:
         llm.llm_engine.shutdown()
     assert not multiprocessing.active_children()
+
+
+
+@pytest.fixture(scope="module")
+def llama_tp(tmp_path_factory) -> tuple[list[tuple], LLM]:
+    """tp=1's greedy results on the tiny Llama, and a tp=2 engine on it (shut down after)."""
+    path = make_tiny_checkpoint("llama", tmp_path_factory.mktemp("llama"))
+    reference = _run(_llm(path, 1))
+    llm = _llm(path, 2)
+    yield reference, llm
+    llm.llm_engine.shutdown()
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.timeout(60, method="thread")  # the bug hung; fail instead of waiting out the suite's limit
+def test_embed_with_tp2_is_refused_and_the_engine_still_generates(llama_tp) -> None:
+    # The pooler's forward sends the followers no plan: it used to wait forever in the
+    # first all-reduce (the follower sat in its plan broadcast).
+    reference, llm = llama_tp
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        llm.embed([{"prompt_token_ids": [1, 5, 9]}])
+    assert [ids for ids, _, _ in _run(llm)] == [ids for ids, _, _ in reference]
