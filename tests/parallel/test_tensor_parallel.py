@@ -62,10 +62,12 @@ def test_tp2_greedy_tokens_equal_tp1(kind: str, tmp_path) -> None:
         llm.llm_engine.shutdown()
     for (ref_ids, ref_lp, ref_plp), (ids, lp, plp) in zip(reference, got):
         assert ids == ref_ids
-        for ref_step, step in zip(ref_lp or [], lp or []):  # log-probs close, same top tokens
+        assert (ref_lp is None) == (lp is None) and (ref_plp is None) == (plp is None)
+        assert len(ref_lp or []) == len(lp or []) and len(ref_plp or []) == len(plp or [])
+        # Log-probs and prompt log-probs close, same top tokens (a prompt's first entry is None).
+        for ref_step, step in zip((ref_lp or []) + (ref_plp or [])[1:], (lp or []) + (plp or [])[1:]):
             assert ref_step.keys() == step.keys()
             assert all(abs(ref_step[t].logprob - step[t].logprob) < 1e-4 for t in step)
-        assert (ref_plp is None) == (plp is None)
     assert all(p.exitcode == 0 for p in workers), [p.exitcode for p in workers]
     assert not multiprocessing.active_children()
 
