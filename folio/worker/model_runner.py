@@ -248,7 +248,7 @@ class ModelRunner:
                 self.last_sampled.record(None, [], [])
             for plan in inputs.prompt_logprobs_plans:
                 self._score_prompt(hidden, plan, staged.scheduled[plan.batch_index], pending)
-        except Exception:
+        except BaseException:  # Ctrl-C in a logits processor too
             self._join_remaining_gathers(hidden, inputs)
             raise
         pending.seal(self.device)
