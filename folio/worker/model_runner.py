@@ -253,17 +253,40 @@ class ModelRunner:
         if inputs is None or hidden is None:
             return pending
         scheduled = staged.scheduled
-        sampled = None
-        if inputs.sampling_batch_indices:
-            sampled = self._sample(hidden, inputs, scheduled, pending)
-        else:
-            self.last_sampled.record(None, [], [])
-        if self.speculator is not None:
-            self._speculate(hidden, inputs, scheduled, sampled, pending)
-        for plan in inputs.prompt_logprobs_plans:
-            self._score_prompt(hidden, plan, staged.scheduled[plan.batch_index], pending)
+        self._gathers_made = 0
+        try:
+            sampled = None
+            if inputs.sampling_batch_indices:
+                sampled = self._sample(hidden, inputs, scheduled, pending)
+            else:
+                self.last_sampled.record(None, [], [])
+            if self.speculator is not None:  # refused with tp > 1: no gathers of its own
+                self._speculate(hidden, inputs, scheduled, sampled, pending)
+            for plan in inputs.prompt_logprobs_plans:
+                self._score_prompt(hidden, plan, scheduled[plan.batch_index], pending)
+        except BaseException:  # Ctrl-C in a logits processor too
+            self._join_remaining_gathers(hidden, inputs)
+            raise
         pending.seal(self.device)
         return pending
+
+    def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on some rows of the hidden states: under tensor parallelism one gather
+        the followers join (counted, so a failed step can still make the ones they wait for)."""
+        self._gathers_made += 1
+        return self.model.compute_logits(hidden)  # [rows, vocab]
+
+    def _join_remaining_gathers(self, hidden: torch.Tensor, inputs: StepInputs) -> None:
+        """After an error in sampling (a user's logits processor raised, say): make the LM-head
+        gathers the step's plan promised and rank 0 skipped, or the followers would wait in one
+        while rank 0's next step began (a hang, or collectives paired wrongly)."""
+        if not self.leads_followers:
+            return
+        try:
+            for rows in self._logit_sets(inputs)[self._gathers_made :]:
+                self.model.compute_logits(hidden[rows])  # [rows, vocab], dropped
+        except Exception:  # a dead peer: the step's own error (and the worker watcher) say why
+            logger.exception("Could not join the followers' LM-head gathers after a failed step.")
 
     def _sample(
         self,
@@ -274,9 +297,9 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Sample the step's ordinary rows; returns the sampled ids [rows] on the device."""
         if inputs.logits_indices is None:  # every token samples (decode): no gather
-            logits = self.model.compute_logits(hidden[: inputs.num_tokens])  # [num_tokens, vocab]
+            logits = self._compute_logits(hidden[: inputs.num_tokens])  # [num_tokens, vocab]
         else:
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
+            logits = self._compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
         indices = inputs.sampling_batch_indices
         rows = [self._sampling_row(scheduled[i]) for i in indices]
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
@@ -325,7 +348,7 @@ class ModelRunner:
         pending: PendingOutput,
     ) -> None:
         rows = to_device(plan.token_rows, torch.int64, self.device)
-        logits = self.model.compute_logits(hidden[rows])  # [n, vocab]
+        logits = self._compute_logits(hidden[rows])  # [n, vocab]
         targets = to_device(plan.target_ids, torch.int64, self.device)
         num = sched.request.sampling_params.prompt_logprobs or 0
         ids, values, ranks = gather_logprobs(logits, targets, num)
@@ -373,11 +396,7 @@ class ModelRunner:
         """Broadcast this step to the followers: its inputs and every LM-head call to come."""
         md = inputs.attn_metadata
         width = step_plan.table_width(md.max_seq_len, self.block_size)
-        logit_sets = []
-        if inputs.sampling_batch_indices:
-            rows = inputs.logits_indices
-            logit_sets.append(rows if rows is not None else torch.arange(inputs.num_tokens, device=self.device))
-        logit_sets += [to_device(plan.token_rows, torch.int64, self.device) for plan in inputs.prompt_logprobs_plans]
+        logit_sets = self._logit_sets(inputs)
         step_plan.send_step(
             self.device,
             (inputs.input_ids, inputs.positions, md.slot_mapping, md.query_start_loc, md.seq_lens,
@@ -386,6 +405,14 @@ class ModelRunner:
             logit_sets,
             _moves(scheduler_output),
         )
+
+    def _logit_sets(self, inputs: StepInputs) -> list[torch.Tensor]:
+        """The rows of each LM-head call launch_sampling makes, in order (each [n] int64)."""
+        logit_sets = []
+        if inputs.sampling_batch_indices:
+            rows = inputs.logits_indices
+            logit_sets.append(rows if rows is not None else torch.arange(inputs.num_tokens, device=self.device))
+        return logit_sets + [to_device(p.token_rows, torch.int64, self.device) for p in inputs.prompt_logprobs_plans]
 
     def _send_moves_only(self, scheduler_output: SchedulerOutput) -> None:
         """A step with block moves and nothing to run: the followers move their blocks too."""

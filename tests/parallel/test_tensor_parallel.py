@@ -62,10 +62,12 @@ def test_tp2_greedy_tokens_equal_tp1(kind: str, tmp_path) -> None:
         llm.llm_engine.shutdown()
     for (ref_ids, ref_lp, ref_plp), (ids, lp, plp) in zip(reference, got):
         assert ids == ref_ids
-        for ref_step, step in zip(ref_lp or [], lp or []):  # log-probs close, same top tokens
+        assert (ref_lp is None) == (lp is None) and (ref_plp is None) == (plp is None)
+        assert len(ref_lp or []) == len(lp or []) and len(ref_plp or []) == len(plp or [])
+        # Log-probs and prompt log-probs close, same top tokens (a prompt's first entry is None).
+        for ref_step, step in zip((ref_lp or []) + (ref_plp or [])[1:], (lp or []) + (plp or [])[1:]):
             assert ref_step.keys() == step.keys()
             assert all(abs(ref_step[t].logprob - step[t].logprob) < 1e-4 for t in step)
-        assert (ref_plp is None) == (plp is None)
     assert all(p.exitcode == 0 for p in workers), [p.exitcode for p in workers]
     assert not multiprocessing.active_children()
 
@@ -96,3 +98,46 @@ def test_idle_past_the_collective_timeout_then_a_killed_worker_fails_within_seco
     finally:
         llm.llm_engine.shutdown()
     assert not multiprocessing.active_children()
+
+
+
+@pytest.fixture(scope="module")
+def llama_tp(tmp_path_factory) -> tuple[list[tuple], LLM]:
+    """tp=1's greedy results on the tiny Llama, and a tp=2 engine on it (shut down after)."""
+    path = make_tiny_checkpoint("llama", tmp_path_factory.mktemp("llama"))
+    reference = _run(_llm(path, 1))
+    llm = _llm(path, 2)
+    yield reference, llm
+    llm.llm_engine.shutdown()
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.timeout(60, method="thread")  # the bug hung; fail instead of waiting out the suite's limit
+def test_embed_with_tp2_is_refused_and_the_engine_still_generates(llama_tp) -> None:
+    # The pooler's forward sends the followers no plan: it used to wait forever in the
+    # first all-reduce (the follower sat in its plan broadcast).
+    reference, llm = llama_tp
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        llm.embed([{"prompt_token_ids": [1, 5, 9]}])
+    assert [ids for ids, _, _ in _run(llm)] == [ids for ids, _, _ in reference]
+
+
+@pytest.mark.timeout(60, method="thread")  # the bug hung; fail instead of waiting out the suite's limit
+@pytest.mark.parametrize("error", [ValueError, KeyboardInterrupt])  # a bad processor; Ctrl-C in one
+def test_a_raising_logits_processor_fails_the_call_and_the_engine_goes_on(llama_tp, error) -> None:
+    # Rank 0 raised in the sampler before the prompt log-probs' LM-head gather the step's plan
+    # announced; the follower waited in that gather and the next generate hung.
+    reference, llm = llama_tp
+
+    def bad(output_ids, logits):
+        if error is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        return logits[:3]
+
+    params = [SamplingParams(max_tokens=3, logits_processors=[bad]),
+              SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1)]
+    with pytest.raises(error):
+        llm.generate(PROMPTS, params, use_tqdm=False)
+    for request_id in list(llm.llm_engine.output_processor.requests):
+        llm.llm_engine.abort_request(request_id)
+    assert [ids for ids, _, _ in _run(llm)] == [ids for ids, _, _ in reference]
