@@ -13,6 +13,7 @@ import itertools
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -96,3 +97,27 @@ def test_idle_past_the_collective_timeout_then_a_killed_worker_fails_within_seco
     finally:
         llm.llm_engine.shutdown()
     assert not multiprocessing.active_children()
+
+
+def test_tp2_embeddings_are_refused_not_hung(tmp_path) -> None:
+    """The pooler runs rank 0's model alone: its all-reduces would wait forever for the workers."""
+    llm = _llm(make_tiny_checkpoint("llama", tmp_path / "llama"), 2)
+    errors: list[BaseException] = []
+
+    def embed() -> None:
+        try:
+            llm.embed(PROMPTS, use_tqdm=False)
+        except BaseException as e:  # noqa: BLE001 - checked below
+            errors.append(e)
+
+    try:
+        thread = threading.Thread(target=embed, daemon=True)
+        thread.start()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "embed() hung with tensor_parallel_size=2"
+        assert len(errors) == 1 and isinstance(errors[0], ValueError), errors
+        assert "tensor_parallel_size" in str(errors[0])
+        assert _run(llm)  # the engine still serves
+    finally:
+        if not thread.is_alive():
+            llm.llm_engine.shutdown()
