@@ -237,6 +237,9 @@ class SamplingParams:
         self._verify_vllm_extras()
 
     def _verify_vllm_extras(self) -> None:
+        if self.stop and not self.detokenize:  # matched on the text, which is then never made
+            raise SamplingParamsError("stop", "stop strings need detokenize=True (they are matched on the "
+                                              "output text); use stop_token_ids with detokenize=False.")
         if self.bad_words is not None:
             if isinstance(self.bad_words, str) or not isinstance(self.bad_words, (list, tuple)) or not all(
                 isinstance(w, str) and w.strip() for w in self.bad_words

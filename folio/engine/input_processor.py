@@ -78,6 +78,9 @@ class InputProcessor:
                 self._check_token_id(tok, name)
         for tok in (params.logit_bias or {}):
             self._check_token_id(tok, "logit_bias")
+        if params.stop and self.tokenizer is None:  # no text is made: the strings would never match
+            raise SamplingParamsError("stop", "stop strings need a tokenizer; this engine has none "
+                                              "(use stop_token_ids).")
         if params.bad_words:
             if self.tokenizer is None:
                 raise SamplingParamsError("bad_words", "bad_words needs a tokenizer; this engine has none.")

@@ -401,8 +401,9 @@ class LLMEngine:
 
         if not isinstance(pooler_config, PoolerConfig):
             raise ValueError(f"pooler_config must be a PoolerConfig, got {type(pooler_config).__name__}.")
-        if self._tp is not None:  # the pooler's forward sends no step plan: the other ranks never join it
-            raise ValueError("Embeddings are not supported with tensor_parallel_size > 1 yet.")
+        if self._tp is not None:  # the followers run steps only: rank 0's forward alone would wait forever
+            raise ValueError("Embeddings are not supported with tensor_parallel_size > 1 yet "
+                             f"(this engine has {self.config.parallel.tensor_parallel_size}).")
         for ids in prompts:  # the same checks as a generation prompt's: ids in the vocabulary, length
             processed = self.input_processor.process_prompt({"prompt_token_ids": ids})
             self.input_processor.check_length(len(processed.token_ids))

@@ -18,7 +18,9 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -155,6 +157,18 @@ class LoRAManager:
         per_seq = np.fromiter((slot_of[r.lora_int_id] if r else -1 for r in requests), np.int64, len(requests))
         counts = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, len(scheduled))
         return self.buffers.write(np.repeat(per_seq, counts), padded_tokens)
+
+    @contextmanager
+    def base_model_only(self) -> Iterator[None]:
+        """A forward outside the steps (the pooler's) runs the base model: the last step's
+        per-token slots would otherwise be applied to tokens they do not describe. The buffers
+        are left as they are (a step still in flight, or prepared, reads them)."""
+        saved = self.buffers.current
+        self.buffers.current = replace(saved, any_adapter=False)
+        try:
+            yield
+        finally:
+            self.buffers.current = saved
 
     def prepare_capture(self, padded_tokens: int) -> LoRAMapping:
         """The mapping a CUDA graph is captured with: no adapters, kernels launched anyway."""

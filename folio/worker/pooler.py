@@ -11,6 +11,8 @@ after the call.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 
@@ -20,13 +22,15 @@ from folio.pooling_params import PoolerConfig
 
 class Pooler:
     def __init__(self, model: CausalLM, kv_shape: tuple[int, int, int], dtype: torch.dtype,
-                 device: torch.device, max_batch_tokens: int) -> None:
-        """kv_shape: (block_size, num_kv_heads, head_dim) of the model's attention layers."""
+                 device: torch.device, max_batch_tokens: int, lora=None) -> None:
+        """kv_shape: (block_size, num_kv_heads, head_dim) of the model's attention layers.
+        lora: the runner's LoRAManager when adapters are enabled (pooling runs the base model)."""
         self.model = model
         self.block_size, self.num_kv_heads, self.head_dim = kv_shape
         self.dtype = dtype
         self.device = device
         self.max_batch_tokens = max_batch_tokens
+        self.lora = lora
 
     @torch.inference_mode()
     def embed(self, prompts: Sequence[Sequence[int]], config: PoolerConfig) -> list[list[float]]:
@@ -56,7 +60,8 @@ class Pooler:
         )
         self.model.bind_kv_caches(list(caches.unbind(0)))
         try:
-            hidden = self.model(input_ids, positions, metadata)  # [tokens, hidden]
+            with self.lora.base_model_only() if self.lora is not None else nullcontext():
+                hidden = self.model(input_ids, positions, metadata)  # [tokens, hidden]
         finally:
             for layer, cache in zip(self.model.attention_layers(), previous):
                 layer.kv_cache = cache
@@ -112,4 +117,4 @@ def pooler_for_runner(runner) -> Pooler:
     """A Pooler over a ModelRunner's model (used between engine steps only)."""
     spec = runner.kv_spec
     return Pooler(runner.model, (spec.block_size, spec.num_kv_heads, spec.head_dim), spec.dtype,
-                  runner.device, runner.config.scheduler.max_num_batched_tokens)
+                  runner.device, runner.config.scheduler.max_num_batched_tokens, lora=runner.lora)

@@ -99,3 +99,15 @@ def test_allowed_token_ids(llm):
     assert set(out.outputs[0].token_ids) <= {5, 6}
     with pytest.raises(ValueError, match="allowed_token_ids"):
         llm.generate(PROMPT, _greedy(allowed_token_ids=[10**6]), use_tqdm=False)
+
+
+def test_stop_strings_without_text_are_refused(tiny_model):
+    """Stop strings are matched on the output text: with detokenize=False, or no tokenizer at
+    all, they would never match and the output would silently run to max_tokens."""
+    with pytest.raises(SamplingParamsError, match="detokenize"):
+        SamplingParams(stop=["books"], detokenize=False)
+    SamplingParams(stop_token_ids=[5], detokenize=False)  # token ids need no text
+    no_text = LLM(tiny_model, skip_tokenizer_init=True, device="cpu", max_model_len=64)
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        no_text.generate({"prompt_token_ids": [3, 4, 5]}, _greedy(stop=["books"]),
+                         use_tqdm=False)

@@ -202,6 +202,23 @@ def test_the_page_and_its_files_are_served(dash_server):
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind)
 
 
+def test_the_page_reaches_its_files_and_the_stream_under_a_root_path(dash_server):
+    """Behind a proxy serving the app under --root-path (/folio/dashboard), every URL the page
+    asks for must keep that prefix: absolute ones (/dashboard/...) would miss it."""
+    import re
+    from urllib.parse import urljoin, urlparse
+
+    page = (STATIC_DIR / "index.html").read_text()
+    script = (STATIC_DIR / "dashboard.js").read_text()
+    urls = re.findall(r'(?:href|src)="([^"]+)"', page) + re.findall(r'STREAM_PATH = "([^"]+)"', script)
+    urls = [u for u in urls if not u.startswith("data:")]
+    assert len(urls) == 3, urls
+    for url in urls:
+        assert urlparse(urljoin("http://proxy/folio/dashboard", url)).path.startswith("/folio/"), url
+        with httpx.stream("GET", urljoin(f"{dash_server.url}/dashboard", url), timeout=HANG_LIMIT_S) as r:
+            assert r.status_code == 200, url  # (the stream's first event is not awaited)
+
+
 def test_the_state_needs_the_api_key_but_the_page_does_not(checkpoint):
     with ServerThread(make_engine(checkpoint), ServerConfig(api_key="sk-dash")) as server:
         for path in ("/v1/engine/state", "/v1/engine/state/stream"):

@@ -4,7 +4,7 @@
 // the Authorization header (never in a URL that logs would keep).
 "use strict";
 
-const STREAM_PATH = "/v1/engine/state/stream";
+const STREAM_PATH = "v1/engine/state/stream";  // relative: behind a proxy's --root-path prefix too
 const KEY_STORAGE = "folio-dashboard-key";
 const COLOURS = { f: "#e6e6e6", c: "#9ecae1", o: "#31a354", s: "#e6550d", w: "#756bb1" };
 const STATE_NAMES = { f: "free", c: "cached, evictable", o: "owned", s: "shared", w: "swapped to CPU" };
