@@ -27,7 +27,7 @@ from folio.sampling_params import SamplingParams, SamplingParamsError
 
 if TYPE_CHECKING:  # light at import: `folio serve` starts the engine process before torch loads
     from folio.engine.input_processor import PromptType
-    from folio.engine.llm_engine import EngineStats
+    from folio.engine.engine_stats import EngineStats
 
 logger = init_logger(__name__)
 

@@ -12,7 +12,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from folio.engine.llm_engine import EngineStats
+from folio.engine.engine_stats import EngineStats
 
 
 class LoRAMetrics:

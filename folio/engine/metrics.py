@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from folio.engine.llm_engine import EngineStats
+from folio.engine.engine_stats import EngineStats
 from folio.engine.lora_metrics import LoRAMetrics
 from folio.outputs import RequestOutput
 

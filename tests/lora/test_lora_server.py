@@ -147,7 +147,7 @@ def test_lora_modules_need_enable_lora(case):
 def test_lora_metrics_count_requests_per_adapter():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from folio.engine.llm_engine import EngineStats
+    from folio.engine.engine_stats import EngineStats
     from folio.engine.lora_metrics import LoRAMetrics
 
     registry = CollectorRegistry()

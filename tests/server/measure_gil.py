@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from folio.engine.async_llm import AsyncLLM
 from folio.engine.engine_core import EngineProcess
-from folio.engine.llm_engine import EngineStats
+from folio.engine.engine_stats import EngineStats
 from folio.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from folio.sampling_params import SamplingParams
 from tests.helpers.tokenizers import save_test_tokenizer, test_tokenizer
