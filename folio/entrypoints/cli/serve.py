@@ -46,7 +46,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    """Stop the engine's process (started, or still starting) and exit now. Raising SystemExit
+    instead could land inside an import or inside the child's start, and the interpreter's exit
+    would then wait on threads or children that never end (seen once in CI: a 120 s hang)."""
+    import multiprocessing
+    import os
+
+    for child in multiprocessing.active_children():
+        child.terminate()
+    os._exit(128 + signum)
 
 
 def start_engine_process(args: argparse.Namespace):
