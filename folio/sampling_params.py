@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import copy
 import enum
-import inspect
-import math
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field, fields
 from typing import Any
 
+from folio.param_checks import (
+    MAX_LENGTH_PENALTY,
+    SamplingParamsError,
+    check_int,
+    check_number,
+    check_range,
+    logits_processor_arity,
+    normalize_logit_bias,
+    normalize_stop,
+    normalize_token_list,
+)
+
 # Below this temperature sampling is greedy (argmax), as in vLLM.
 GREEDY_EPS = 1e-5
-
-
-class SamplingParamsError(ValueError):
-    """A sampling parameter is invalid; `param` names the field."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -167,10 +169,10 @@ class SamplingParams:
             self.structured_outputs = guided_decoding
         if self.structured_outputs is not None:
             self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
-        self.stop = _normalize_stop(self.stop)
-        self.stop_token_ids = _normalize_token_list("stop_token_ids", self.stop_token_ids)
+        self.stop = normalize_stop(self.stop)
+        self.stop_token_ids = normalize_token_list("stop_token_ids", self.stop_token_ids)
         if self.allowed_token_ids is not None:
-            self.allowed_token_ids = _normalize_token_list(
+            self.allowed_token_ids = normalize_token_list(
                 "allowed_token_ids", self.allowed_token_ids
             )
         if self.top_k == -1:
@@ -185,34 +187,34 @@ class SamplingParams:
 
     # ---- validation -------------------------------------------------------------------------
     def _verify(self) -> None:
-        _check_int("n", self.n, minimum=1)
-        _check_int("best_of", self.best_of, minimum=self.n, what=f"at least n ({self.n})")
-        _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        _check_number("repetition_penalty", self.repetition_penalty)
+        check_int("n", self.n, minimum=1)
+        check_int("best_of", self.best_of, minimum=self.n, what=f"at least n ({self.n})")
+        check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        check_number("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
             raise SamplingParamsError(
                 "repetition_penalty",
                 f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.",
             )
-        _check_number("temperature", self.temperature)
+        check_number("temperature", self.temperature)
         if self.temperature < 0:
             raise SamplingParamsError(
                 "temperature", f"temperature must be non-negative, got {self.temperature}."
             )
-        _check_number("top_p", self.top_p)
+        check_number("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise SamplingParamsError("top_p", f"top_p must be in (0, 1], got {self.top_p}.")
-        _check_int("top_k", self.top_k, minimum=0, what="-1, 0 (disabled) or a positive integer")
-        _check_range("min_p", self.min_p, 0.0, 1.0)
+        check_int("top_k", self.top_k, minimum=0, what="-1, 0 (disabled) or a positive integer")
+        check_range("min_p", self.min_p, 0.0, 1.0)
         if self.seed is not None:
             # What torch.Generator.manual_seed accepts; beyond it the engine would fail mid-step.
-            _check_int("seed", self.seed, minimum=-(2**63))
+            check_int("seed", self.seed, minimum=-(2**63))
             if self.seed >= 2**64:
                 raise SamplingParamsError("seed", f"seed must be less than 2**64, got {self.seed}.")
         if self.max_tokens is not None:
-            _check_int("max_tokens", self.max_tokens, minimum=1)
-        _check_int("min_tokens", self.min_tokens, minimum=0)
+            check_int("max_tokens", self.max_tokens, minimum=1)
+        check_int("min_tokens", self.min_tokens, minimum=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise SamplingParamsError(
                 "min_tokens",
@@ -220,18 +222,18 @@ class SamplingParams:
                 f"got {self.min_tokens}.",
             )
         if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, minimum=0)
+            check_int("logprobs", self.logprobs, minimum=0)
         if self.prompt_logprobs is not None:
-            _check_int("prompt_logprobs", self.prompt_logprobs, minimum=0)
+            check_int("prompt_logprobs", self.prompt_logprobs, minimum=0)
         for tok in self.stop_token_ids:
-            _check_int("stop_token_ids", tok, minimum=0, what="non-negative token ids")
+            check_int("stop_token_ids", tok, minimum=0, what="non-negative token ids")
         if self.logit_bias is not None:
-            self.logit_bias = _normalize_logit_bias(self.logit_bias)
+            self.logit_bias = normalize_logit_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
                 raise SamplingParamsError("allowed_token_ids", "allowed_token_ids must not be empty.")
             for tok in self.allowed_token_ids:
-                _check_int("allowed_token_ids", tok, minimum=0, what="non-negative token ids")
+                check_int("allowed_token_ids", tok, minimum=0, what="non-negative token ids")
         if not isinstance(self.output_kind, RequestOutputKind):
             self.output_kind = RequestOutputKind(self.output_kind)
         self._verify_vllm_extras()
@@ -253,7 +255,7 @@ class SamplingParams:
             for proc in self.logits_processors:
                 logits_processor_arity(proc)
         if self.truncate_prompt_tokens is not None:
-            _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, minimum=-1,
+            check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, minimum=-1,
                        what="-1 (the model's context) or a positive integer")
             if self.truncate_prompt_tokens == 0:
                 raise SamplingParamsError(
@@ -310,87 +312,6 @@ class SamplingParams:
         return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
 
 
-def logits_processor_arity(proc: Any) -> int:
-    """2 for (output_ids, logits), 3 for (prompt_ids, output_ids, logits); else an error."""
-    if not callable(proc):
-        raise SamplingParamsError("logits_processors", f"logits_processors must be callables, got {proc!r}.")
-    try:
-        params = inspect.signature(proc).parameters.values()
-    except (TypeError, ValueError):
-        return 2  # a builtin without a signature: the two-argument form
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-    if any(p.kind is p.VAR_POSITIONAL for p in params) or len(positional) in (2, 3):
-        return 3 if len(positional) == 3 else 2
-    raise SamplingParamsError(
-        "logits_processors",
-        f"logits_processors: each takes (token_ids, logits) or (prompt_token_ids, token_ids, logits); {proc!r} does not.",
-    )
-
-
-def _normalize_stop(stop: Any) -> list[str]:
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise SamplingParamsError("stop", "stop must be a string or a list of strings.")
-    if any(s == "" for s in stop):
-        raise SamplingParamsError("stop", "stop cannot contain an empty string.")
-    return list(stop)
-
-
-def _normalize_token_list(name: str, ids: Any) -> list[int]:
-    """A list of token ids; None means empty. Each id is checked by the caller's _verify."""
-    if ids is None:
-        return []
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, set, frozenset)):
-        raise SamplingParamsError(name, f"{name} must be a list of token ids, got {ids!r}.")
-    return list(ids)
-
-
-def _normalize_logit_bias(bias: Any) -> dict[int, float]:
-    if not isinstance(bias, dict):
-        raise SamplingParamsError("logit_bias", "logit_bias must map token ids to numbers.")
-    out: dict[int, float] = {}
-    for key, value in bias.items():
-        try:
-            tok = int(key)
-        except (TypeError, ValueError):
-            raise SamplingParamsError(
-                "logit_bias", f"logit_bias keys must be token ids, got {key!r}."
-            ) from None
-        if tok < 0:
-            raise SamplingParamsError("logit_bias", f"logit_bias token id {tok} is negative.")
-        _check_range("logit_bias", value, -100.0, 100.0)
-        out[tok] = float(value)
-    return out
-
-
-MAX_LENGTH_PENALTY = 10.0
-
-
-def _check_number(name: str, value: Any) -> None:
-    # NaN and infinities are refused: on the device they turn whole rows of logits into NaN.
-    bad_type = isinstance(value, bool) or not isinstance(value, (int, float))
-    if bad_type or (isinstance(value, float) and not math.isfinite(value)):
-        raise SamplingParamsError(name, f"{name} must be a finite number, got {value!r}.")
-
-
-def _check_range(name: str, value: Any, low: float, high: float) -> None:
-    _check_number(name, value)
-    if not low <= value <= high:
-        raise SamplingParamsError(name, f"{name} must be in [{low}, {high}], got {value}.")
-
-
-def _check_int(name: str, value: Any, minimum: int, what: str | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SamplingParamsError(name, f"{name} must be an integer, got {value!r}.")
-    if value < minimum:
-        raise SamplingParamsError(
-            name, f"{name} must be {what or f'at least {minimum}'}, got {value}."
-        )
-
-
 @dataclass(frozen=True)
 class BeamSearchParams:
     """Beam search settings, with vLLM's names and import path (`LLM.beam_search`)."""
@@ -408,13 +329,13 @@ class BeamSearchParams:
         return self.beam_width
 
     def __post_init__(self) -> None:
-        _check_int("beam_width", self.beam_width, minimum=1)
-        _check_int("max_tokens", self.max_tokens, minimum=1)
-        _check_number("temperature", self.temperature)
+        check_int("beam_width", self.beam_width, minimum=1)
+        check_int("max_tokens", self.max_tokens, minimum=1)
+        check_number("temperature", self.temperature)
         if self.temperature < 0:
             raise SamplingParamsError(
                 "temperature", f"temperature must be non-negative, got {self.temperature}."
             )
         # Scores are log-prob / length ** length_penalty: beyond ±10 the power overflows (or
         # reaches 0) for long beams, and no ranking needs more.
-        _check_range("length_penalty", self.length_penalty, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
+        check_range("length_penalty", self.length_penalty, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)

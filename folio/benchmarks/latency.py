@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import random
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from folio.benchmarks.vllm_peer import CallResult, TimedCall
+from folio.benchmarks.vllm_peer import CallResult, TimedCall, time_calls
 
 
 @dataclass(frozen=True)
@@ -99,25 +98,8 @@ def summarise(spec: LatencySpec, results: list[CallResult]) -> list[LatencyRow]:
 def run_calls(llm: Any, calls: list[TimedCall]) -> list[CallResult]:
     """folio's side of a job: the same calls through `LLM.generate`, timed as the vLLM child does."""
     from folio import SamplingParams
-    from folio.benchmarks.throughput import _synchronize
 
-    results = []
-    for call in calls:
-        params = [SamplingParams(temperature=call.temperature, max_tokens=m, ignore_eos=True, detokenize=False)
-                  for m in call.max_tokens]
-        if call.warmup:
-            llm.generate(call.prompts_for(0), params, use_tqdm=False)
-        result = CallResult(call.name)
-        for i in range(call.repeat):
-            prompts = call.prompts_for(i + 1)
-            _synchronize()
-            start = time.perf_counter()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            _synchronize()
-            result.elapsed_s.append(time.perf_counter() - start)
-            result.produced = [len(o.outputs[0].token_ids) for o in outputs]
-        results.append(result)
-    return results
+    return time_calls(llm, calls, SamplingParams)
 
 
 def format_rows(systems: dict[str, list[LatencyRow]]) -> str:

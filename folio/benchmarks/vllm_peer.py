@@ -143,9 +143,18 @@ def _child_main(job_path: str, result_path: str) -> None:
     start = time.perf_counter()
     llm = LLM(**kwargs)
     print(f"vLLM engine ready in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+    results = [asdict(r) for r in time_calls(llm, calls, SamplingParams)]
+    with open(result_path, "w", encoding="utf-8") as f:
+        json.dump(results, f)
+
+
+def time_calls(llm: Any, calls: list[TimedCall], sampling_params: Any) -> list[CallResult]:
+    """Each call through `llm.generate` (folio's LLM or vLLM's: the same names), its warm-up
+    untimed, the device synchronised around each timed repeat. `sampling_params`: the engine's
+    SamplingParams class."""
     results = []
     for call in calls:
-        params = [SamplingParams(temperature=call.temperature, max_tokens=m, ignore_eos=True, detokenize=False)
+        params = [sampling_params(temperature=call.temperature, max_tokens=m, ignore_eos=True, detokenize=False)
                   for m in call.max_tokens]
         if call.warmup:
             llm.generate(call.prompts_for(0), params, use_tqdm=False)
@@ -153,14 +162,13 @@ def _child_main(job_path: str, result_path: str) -> None:
         for i in range(call.repeat):
             prompts = call.prompts_for(i + 1)
             _synchronize()
-            t0 = time.perf_counter()
+            start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)
             _synchronize()
-            result.elapsed_s.append(time.perf_counter() - t0)
+            result.elapsed_s.append(time.perf_counter() - start)
             result.produced = [len(o.outputs[0].token_ids) for o in outputs]
-        results.append(asdict(result))
-    with open(result_path, "w", encoding="utf-8") as f:
-        json.dump(results, f)
+        results.append(result)
+    return results
 
 
 def _synchronize() -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from folio.sampling_params import logits_processor_arity
+from folio.param_checks import logits_processor_arity
 
 if TYPE_CHECKING:
     from folio.sample.metadata import SamplingRow
