@@ -24,7 +24,7 @@ from folio.logger import init_logger
 from folio.lora.manager import LoRAManager
 from folio.models.loader import load_model
 from folio.parallel import all_reduce_min, get_tp_rank, get_tp_size
-from folio.parallel import step_plan
+from folio.worker import step_broadcast
 from folio.sample.metadata import SamplingMetadata, SamplingRow
 from folio.sample.sampler import Sampler, gather_logprobs, make_request_generator
 from folio.sample.transfer import to_device
@@ -226,8 +226,8 @@ class ModelRunner:
         scheduled = scheduler_output.scheduled
         pending = PendingOutput([s.request_id for s in scheduled])
         if not scheduled:
-            if self.leads_followers and _moves(scheduler_output) != ((), (), ()):
-                self._send_moves_only(scheduler_output)
+            if self.leads_followers and step_broadcast.block_moves(scheduler_output) != ((), (), ()):
+                step_broadcast.send_moves_only(scheduler_output, self.device)
             self.last_sampled.record(None, [], [])
             return StagedStep(scheduled, None, None, pending)
         bucket = self._graph_bucket(scheduler_output)
@@ -238,7 +238,7 @@ class ModelRunner:
             request_ids = [scheduled[i].request_id for i in inputs.placeholder_batch_indices]
             self.last_sampled.fill(inputs.input_ids, inputs.placeholder_rows, request_ids)
         if self.leads_followers:
-            self._send_plan(inputs, bucket, scheduler_output)
+            step_broadcast.send_step_plan(inputs, bucket, scheduler_output, self.block_size, self.device)
         if bucket is not None and self.graphs is not None:
             hidden = self.graphs.replay(bucket)  # [bucket, hidden]
         else:
@@ -283,7 +283,7 @@ class ModelRunner:
         if not self.leads_followers:
             return
         try:
-            for rows in self._logit_sets(inputs)[self._gathers_made :]:
+            for rows in step_broadcast.logit_sets(inputs, self.device)[self._gathers_made :]:
                 self.model.compute_logits(hidden[rows])  # [rows, vocab], dropped
         except Exception:  # a dead peer: the step's own error (and the worker watcher) say why
             logger.exception("Could not join the followers' LM-head gathers after a failed step.")
@@ -392,42 +392,11 @@ class ModelRunner:
             self.generators.pop(request_id, None)
             self.prompt_logprobs_done.pop(request_id, None)
 
-    def _send_plan(self, inputs: StepInputs, bucket: int | None, scheduler_output: SchedulerOutput) -> None:
-        """Broadcast this step to the followers: its inputs and every LM-head call to come."""
-        md = inputs.attn_metadata
-        width = step_plan.table_width(md.max_seq_len, self.block_size)
-        logit_sets = self._logit_sets(inputs)
-        step_plan.send_step(
-            self.device,
-            (inputs.input_ids, inputs.positions, md.slot_mapping, md.query_start_loc, md.seq_lens,
-             md.block_tables[:, :width]),
-            (inputs.num_tokens, md.num_seqs, md.max_query_len, md.max_seq_len, md.is_decode_only, bucket),
-            logit_sets,
-            _moves(scheduler_output),
-        )
-
-    def _logit_sets(self, inputs: StepInputs) -> list[torch.Tensor]:
-        """The rows of each LM-head call launch_sampling makes, in order (each [n] int64)."""
-        logit_sets = []
-        if inputs.sampling_batch_indices:
-            rows = inputs.logits_indices
-            logit_sets.append(rows if rows is not None else torch.arange(inputs.num_tokens, device=self.device))
-        return logit_sets + [to_device(p.token_rows, torch.int64, self.device) for p in inputs.prompt_logprobs_plans]
-
-    def _send_moves_only(self, scheduler_output: SchedulerOutput) -> None:
-        """A step with block moves and nothing to run: the followers move their blocks too."""
-        empty = torch.zeros(0, dtype=torch.int64, device=self.device)
-        qsl = torch.zeros(1, dtype=torch.int64, device=self.device)
-        step_plan.send_step(
-            self.device, (empty, empty, empty, qsl, empty, empty.view(0, 0)), (0, 0, 0, 0, False, None), [],
-            _moves(scheduler_output),
-        )
-
     def shutdown_followers(self) -> None:
         """Tell the followers to leave their loops (rank 0, once, at engine shutdown)."""
         if self.leads_followers:
             self.leads_followers = False
-            step_plan.send_stop(self.device)
+            step_broadcast.send_stop(self.device)
         self.release_graphs()
 
     def release_graphs(self) -> None:
@@ -445,10 +414,6 @@ class ModelRunner:
         if scheduler_output.total_num_scheduled_tokens != num_seqs:
             return None
         return self.graphs.bucket_for(num_seqs)
-
-
-def _moves(so: SchedulerOutput) -> tuple:
-    return (tuple(so.blocks_to_copy), tuple(so.blocks_to_swap_out), tuple(so.blocks_to_swap_in))
 
 
 def make_speculator(config: EngineConfig, device: torch.device, attn_backend) -> Speculator | None:  # noqa: ANN001
