@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama)
+#   vs-vllm-latency-llama; this wave: wave-tests structured quant spec-pair spec lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -74,6 +74,33 @@ w1-qwen-t06|w1-qwen-greedy|w1-llama-t06|vs-vllm-qwen|vs-vllm-llama) part $p
     timeout 280 python3 -m folio bench throughput --model $M $COMMON --workload w1 --temperature $T $PEER \
       --no-progress --json "$OUT/w1-$N-t$T${PEER:+-vs-vllm}.json" 2> "$OUT/w1-$N-t$T.log" | tail -22
   done ;;
+wave-tests) part wave-tests  # issues 10, 13, 14, 15, 18 and the vLLM drop-in: every GPU test outside tests/kernels
+  timeout 580 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 tests/structured_output tests/models \
+    tests/lora tests/spec_decode tests/server tests/compat tests/prefix tests/kernels/test_w4a16_gemm.py \
+    tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_lora.py 2>&1 | tail -40 | tee "$OUT/wave-tests.txt" ;;
+structured) part structured  # issue 10: W1 with a JSON schema on every request vs unconstrained
+  timeout 400 python3 -m folio bench throughput --structured json-schema --workload w1 --model $QWEN $COMMON \
+    --no-progress --json "$OUT/structured-w1.json" 2>&1 | grep -vE "INFO|it/s" | tail -25 ;;
+quant) part quant  # issue 13: FP8 W1 vs bf16 on the 8B, int4 batch-1 decode, FP8 KV blocks
+  for Q in "" "--quantization fp8"; do
+    timeout 240 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --no-floor $Q \
+      --no-progress --json "$OUT/quant-w1${Q:+-fp8}.json" 2>&1 | grep -vE "INFO|it/s" | tail -8
+  done
+  timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 2>&1 | grep -vE "INFO|it/s" | tail -12
+  timeout 200 python3 -m folio.benchmarks.quantization kv-blocks --model $LLAMA --dtype bfloat16 --max-model-len 131072 2>&1 | grep -vE "INFO|it/s" | tail -8 ;;
+spec-pair) part spec-pair  # issue 15: train the draft/target pair into /tmp/spec-pair (kept for the lease)
+  [ -d /tmp/spec-pair/target ] || timeout 400 python3 -m folio.benchmarks.spec_decode_pair --out /tmp/spec-pair --device cuda 2>&1 | grep -vE "it/s" | tail -6 ;;
+spec) part spec  # issue 15: batch-1 draft and n-gram speedups, batch-64 cost
+  timeout 400 python3 -m folio.benchmarks.spec_decode --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft --k 4 \
+    2>&1 | grep -vE "INFO|it/s" | tail -30 | tee "$OUT/spec.txt" ;;
+lora) part lora  # issue 14: base vs 1 adapter vs 8 adapters round-robin on W1, Llama-3.1-8B
+  timeout 500 python3 scripts/bench_lora.py --config llama-3.1-8b --adapters 8 --rank 16 --json "$OUT/lora-w1.json" 2>&1 | grep -vE "INFO|it/s" | tail -15 ;;
+dashboard) part dashboard  # issue 18: what the dashboard's polling costs W1 through HTTP
+  PORT=18124
+  timeout 300 python3 -m folio serve --model $QWEN --load-format dummy --dtype bfloat16 --port $PORT --disable-uvicorn-access-log > "$OUT/dashboard-serve.log" 2>&1 &
+  SERVER_PID=$!
+  timeout 280 python3 scripts/dashboard_cost.py --base-url http://127.0.0.1:$PORT --model $QWEN --rounds 3 2>&1 | tail -12
+  kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null ;;
 vllm-install) part vllm-install
   bash "${VLLM_PARTS:?carried folder with install.sh and the parts}/install.sh" "$VLLM_PARTS" "${VLLM_NPARTS:-3}" ;;
 *) echo "unknown part $p"; exit 2 ;;

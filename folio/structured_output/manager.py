@@ -1,5 +1,10 @@
 """StructuredOutputManager: requests wait here while their grammar compiles off the step loop.
 
+The configured backend (xgrammar's tables over the whole vocabulary: about a second for a
+150k-token tokenizer) is built on a worker thread when the engine starts, so neither the
+engine's start nor the step loop waits for it; a request that arrives before it is ready waits
+in `check` for the rest of that build.
+
 A request with structured outputs is checked when it is added (`check`: a bad schema, regex or
 grammar is a ValueError before anything is queued), then parked here while a worker thread
 compiles its grammar; compiled grammars are cached by GrammarSpec, so the second request with
@@ -11,15 +16,20 @@ blocks the step loop or the requests already running.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from folio.config.structured_outputs import StructuredOutputsConfig
 from folio.core.request import Request
+from folio.logger import init_logger
 from folio.sampling_params import SamplingParams, SamplingParamsError
 from folio.structured_output.backend import CompiledGrammar, GrammarBackend, GrammarTimer
 from folio.structured_output.spec import GrammarSpec
+
+logger = init_logger(__name__)
 
 # Compiled grammars kept for reuse; a few MB at most for typical tool schemas.
 MAX_CACHED_GRAMMARS = 512
@@ -46,24 +56,45 @@ class StructuredOutputManager:
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
         self.timer = GrammarTimer()
-        self._backends: dict[str, GrammarBackend] = {}
+        self._backends: dict[str, cf.Future[GrammarBackend]] = {}
+        self._backends_lock = threading.Lock()
+        self.backend_build_seconds: dict[str, float] = {}  # each backend's build, as it finished
         self._auto_choice: dict[GrammarSpec, str] = {}  # "auto": the backend that took each spec
         self._pool = cf.ThreadPoolExecutor(config.max_compile_threads, thread_name_prefix="folio-grammar")
         self._cache: OrderedDict[GrammarSpec, cf.Future[CompiledGrammar]] = OrderedDict()
         self._parked: list[_Parked] = []
+        if tokenizer is not None:
+            self._start_backend(self.default_backend_name)
+
+    @property
+    def default_backend_name(self) -> str:
+        return "xgrammar" if self.config.backend == "auto" else self.config.backend
 
     @property
     def backend(self) -> GrammarBackend:
         """The configured backend ("auto": xgrammar, with guidance for what xgrammar refuses)."""
-        return self._backend_named("xgrammar" if self.config.backend == "auto" else self.config.backend)
+        return self._backend_named(self.default_backend_name)
 
     def _backend_named(self, name: str) -> GrammarBackend:
-        """Made on first use: engines that never see structured outputs never build one."""
-        if name not in self._backends:
-            if self.tokenizer is None:
-                raise SamplingParamsError("structured_outputs", "Structured outputs need a tokenizer; this engine has none.")
-            self._backends[name] = make_backend(name, self.tokenizer, self.vocab_size, self.stop_token_ids, self.timer)
-        return self._backends[name]
+        """The backend, waiting for its build if it is under way (the default one starts with the
+        engine; guidance, under "auto", on the first spec xgrammar refuses)."""
+        if self.tokenizer is None:
+            raise SamplingParamsError("structured_outputs", "Structured outputs need a tokenizer; this engine has none.")
+        return self._start_backend(name).result()
+
+    def _start_backend(self, name: str) -> cf.Future[GrammarBackend]:
+        with self._backends_lock:
+            if name not in self._backends:
+                self._backends[name] = future = self._pool.submit(self._build_backend, name)
+                future.add_done_callback(_warn_if_failed)
+            return self._backends[name]
+
+    def _build_backend(self, name: str) -> GrammarBackend:
+        start = time.perf_counter()
+        backend = make_backend(name, self.tokenizer, self.vocab_size, self.stop_token_ids, self.timer)
+        self.backend_build_seconds[name] = seconds = time.perf_counter() - start
+        logger.info("Grammar backend %s ready in %.2f s (%d-token vocabulary)", name, seconds, self.vocab_size)
+        return backend
 
     def _backend_for(self, spec: GrammarSpec) -> GrammarBackend:
         return self._backend_named(self._auto_choice[spec]) if spec in self._auto_choice else self.backend
@@ -156,6 +187,11 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _warn_if_failed(future: cf.Future[GrammarBackend]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.warning("The grammar backend could not be built (%s); structured-output requests will fail.", future.exception())
 
 
 def make_backend(name: str, tokenizer: Any, vocab_size: int, stop_token_ids: set[int], timer: GrammarTimer) -> GrammarBackend:

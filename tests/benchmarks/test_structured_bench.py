@@ -27,6 +27,7 @@ def test_structured_run_beside_the_unconstrained_one(tmp_path, capsys):
     assert structured["num_requests"] == free["num_requests"] == 4
     assert free["output_tokens"] == structured["output_tokens"] > 0 and free["all_lengths_exact"]
     assert data["grammar_host_ms_per_step"] > 0 and data["steps"] > 0 and data["compile_ms_per_schema"] > 0
+    assert data["first_compile_ms"] > 0 and data["grammar_backend_build_ms"] > 0
     assert data["mask_device_ms"] is None  # CPU
     captured = capsys.readouterr()
     assert "structured / unconstrained:" in captured.out and "synthetic byte-level BPE" in captured.err

@@ -28,8 +28,8 @@ def paths(tmp_path_factory) -> dict[str, str]:
 
 
 def _llm(paths, spec=None, **kwargs) -> LLM:
-    return LLM(model=paths["llama"], dtype="float32", device="cuda", max_model_len=256,
-               num_gpu_blocks_override=256, speculative_config=spec, **kwargs)
+    kwargs = {"num_gpu_blocks_override": 256, **kwargs}  # the preempting runs pass fewer blocks
+    return LLM(model=paths["llama"], dtype="float32", device="cuda", max_model_len=256, speculative_config=spec, **kwargs)
 
 
 @pytest.mark.parametrize("spec_kind", ["ngram", "draft-other", "draft-same"])
