@@ -3,7 +3,11 @@ tokens by greedy autoregression.
 
 Its K/V lives in its own paged cache tensors with the target's block count and block size, and
 the target's block tables and slot mapping address both: a request's draft K/V sits in the
-same block ids as its target K/V. So prefix-cache hits, forks and copy-on-write copies hold
+same block ids as its target K/V.
+
+On CUDA both halves of the work replay graphs (capture_graphs): the pass over the target's batch
+when that batch is a decode or per-token verify batch of a captured size, and the k draft steps
+(spec_decode/draft_steps.py). So prefix-cache hits, forks and copy-on-write copies hold
 for the draft too (the runner applies each step's block copies and swaps to both caches).
 
 Each step the draft first runs the target's own batch (prompt chunks, decode tokens, the
@@ -16,15 +20,16 @@ so a rejected draft's K/V is never read.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from folio.attention.metadata import AttentionMetadata
 from folio.config import ModelConfig
 from folio.models.loader import load_model
+from folio.spec_decode.draft_steps import DraftSteps
 from folio.spec_decode.proposer import ProposalBatch, Proposer, speculating
 from folio.worker import block_ops
 from folio.worker import kv_cache as kvc
+from folio.worker.cuda_graphs import CudaGraphRunner, graph_batch_sizes
+from folio.worker.step_inputs import StepInputBuilder, StepInputs
 
 
 class DraftModelProposer(Proposer):
@@ -34,6 +39,7 @@ class DraftModelProposer(Proposer):
         num_speculative_tokens: int,
         block_size: int,
         max_model_len: int,
+        max_num_seqs: int,
         device: torch.device,
         attn_backend,  # noqa: ANN001 (folio.attention.backends.base.AttentionBackend)
     ) -> None:
@@ -51,6 +57,10 @@ class DraftModelProposer(Proposer):
         )
         self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, dim]
         self.swap_pool: block_ops.SwapPool | None = None
+        max_blocks = -(-max_model_len // block_size)
+        sizes = graph_batch_sizes(max_num_seqs)
+        self.steps = DraftSteps(self.model, sizes, num_speculative_tokens, block_size, max_blocks, device)
+        self.mirror: CudaGraphRunner | None = None  # made by capture_graphs
 
     # ---- K/V ------------------------------------------------------------------------------
     @property
@@ -68,76 +78,44 @@ class DraftModelProposer(Proposer):
             assert self.kv_cache is not None
             block_ops.apply_block_moves(self.kv_cache, self.swap_pool, so)
 
+    # ---- CUDA graphs ----------------------------------------------------------------------
+    def capture_graphs(self, builder: StepInputBuilder, sizes: list[int]) -> None:
+        """Graphs of the draft's pass over the target's decode and verify batches (reading the
+        target's step buffers) and of its own decode steps (spec_decode/draft_steps.py)."""
+        self.mirror = CudaGraphRunner(self.model, builder, sizes)
+        self.mirror.capture()
+        self.steps.capture()
+
     # ---- drafting -------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, batch: ProposalBatch) -> dict[int, list[int]]:
-        inputs = batch.inputs
-        self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)  # draft K/V of the batch
+        self._mirror(batch.inputs)  # the draft's K/V of the target's batch
         indices = speculating(batch)
+        if not indices:
+            return {}
         positions = [batch.position_of_last(i) for i in indices]
         # Slots the request's table covers (its lookahead included), and never past max_model_len.
         limits = [
             max(0, min(self.k, len(batch.scheduled[i].block_ids) * self.block_size - p, self.max_model_len - p))
             for i, p in zip(indices, positions)
         ]
-        tokens = torch.tensor([batch.emitted[i][-1] for i in indices], dtype=torch.int64, device=self.device)  # [n]
-        steps: list[tuple[list[int], torch.Tensor]] = []  # (live rows, their argmaxes), on the device
-        for step in range(self.k):
-            live = [j for j, limit in enumerate(limits) if step < limit]
-            if not live:
-                break
-            rows = None if len(live) == len(indices) else torch.tensor(live, device=self.device)
-            ids = self._decode_step(
-                tokens if rows is None else tokens[rows],
-                [positions[j] + step for j in live],
-                [batch.scheduled[indices[j]].block_ids for j in live],
-            )
-            steps.append((live, ids))
-            if rows is None:
-                tokens = ids
-            else:
-                tokens = tokens.index_copy(0, rows, ids)
+        steps = max(limits)
         drafts: dict[int, list[int]] = {i: [] for i in indices}
-        for live, ids in steps:  # one copy to the host per step, after all of them are queued
-            for j, token in zip(live, ids.tolist()):
-                drafts[indices[j]].append(token)
+        if steps == 0:
+            return drafts
+        tokens = torch.tensor([batch.emitted[i][-1] for i in indices], dtype=torch.int64, device=self.device)  # [n]
+        tables = [batch.scheduled[i].block_ids for i in indices]
+        ids = self.steps.run(tokens, positions, tables, limits, steps).tolist()  # [steps][n]: one copy to the host
+        for j, (i, limit) in enumerate(zip(indices, limits)):
+            drafts[i] = [ids[step][j] for step in range(limit)]
         return drafts
 
-    def _decode_step(self, tokens: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        """One token per request at the given positions; the draft's argmax after each [n]."""
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)  # [n]
-        metadata = decode_metadata(positions, tables, self.block_size, self.device)
-        hidden = self.model(tokens, pos, metadata)  # [n, hidden]
-        return self.model.compute_logits(hidden).argmax(dim=-1)  # [n]
-
-
-def decode_metadata(
-    positions: list[int], tables: list[list[int]], block_size: int, device: torch.device
-) -> AttentionMetadata:
-    """A decode-only batch: sequence i has one new token at positions[i], blocks tables[i]."""
-    n = len(positions)
-    pos = np.asarray(positions, dtype=np.int64)  # [n]
-    width = max(len(t) for t in tables)
-    table = np.zeros((n, width), dtype=np.int32)  # [n, width]
-    for i, t in enumerate(tables):
-        table[i, : len(t)] = t
-    slots = table[np.arange(n), pos // block_size].astype(np.int64) * block_size + pos % block_size  # [n]
-    seq_lens = (pos + 1).astype(np.int32)  # [n]
-    query_start_loc = np.arange(n + 1, dtype=np.int32)  # [n + 1]
-
-    def move(array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(device)
-
-    return AttentionMetadata(
-        num_actual_tokens=n,
-        num_seqs=n,
-        max_query_len=1,
-        max_seq_len=int(seq_lens.max()),
-        query_start_loc=move(query_start_loc),
-        seq_lens=move(seq_lens),
-        block_tables=move(table),
-        slot_mapping=move(slots),
-        query_start_loc_cpu=query_start_loc.tolist(),
-        seq_lens_cpu=seq_lens.tolist(),
-        is_decode_only=True,
-    )
+    def _mirror(self, inputs: StepInputs) -> None:
+        """Run the draft over the target's batch, from its decode graph when the batch is one
+        (a decode step, or a verify step laid out per token) of a captured size."""
+        md = inputs.attn_metadata
+        size = inputs.input_ids.shape[0]
+        if self.mirror is not None and md.is_decode_only and md.num_seqs == size and self.mirror.bucket_for(size) == size:
+            self.mirror.replay(size)
+        else:
+            self.model(inputs.input_ids, inputs.positions, md)

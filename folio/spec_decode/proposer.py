@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from folio.core.scheduler_output import ScheduledRequest
-from folio.worker.step_inputs import StepInputs
+from folio.worker.step_inputs import StepInputBuilder, StepInputs
 
 
 @dataclass
@@ -52,6 +52,10 @@ class Proposer(ABC):
 
     def move_blocks(self, scheduler_output) -> None:  # noqa: ANN001
         """Apply the step's block copies and swaps to the proposer's own K/V."""
+
+    def capture_graphs(self, builder: StepInputBuilder, sizes: list[int]) -> None:
+        """Capture CUDA graphs of the proposer's own forward passes, if it has any (on CUDA,
+        once the K/V exists; the runner's step buffers and graph sizes)."""
 
 
 def speculating(batch: ProposalBatch) -> list[int]:

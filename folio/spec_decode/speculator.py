@@ -16,7 +16,7 @@ from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from folio.logger import init_logger
 from folio.spec_decode.proposer import ProposalBatch, Proposer
 from folio.spec_decode.verifier import GeneratorFor, SpecVerifier, VerifiedTokens
-from folio.worker.step_inputs import StepInputs
+from folio.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = init_logger(__name__)
 
@@ -36,6 +36,7 @@ def make_proposer(config: EngineConfig, device: torch.device, attn_backend) -> P
         spec.num_speculative_tokens,
         config.cache.block_size,
         config.model.max_model_len,
+        config.scheduler.max_num_seqs,
         device,
         attn_backend,
     )
@@ -82,3 +83,7 @@ class Speculator:
 
     def move_blocks(self, scheduler_output: SchedulerOutput) -> None:
         self.proposer.move_blocks(scheduler_output)
+
+    def capture_graphs(self, builder: StepInputBuilder, sizes: list[int]) -> None:
+        """The proposer's CUDA graphs, after the target's (the runner's step buffers and sizes)."""
+        self.proposer.capture_graphs(builder, sizes)

@@ -140,10 +140,11 @@ class ModelRunner:
         if self.speculator is not None:
             self.speculator.initialize_kv_cache(num_blocks, self.swap_pool.num_blocks)
         if self.uses_cuda_graphs():
-            self.graphs = CudaGraphRunner(
-                self.model, self.inputs, graph_batch_sizes(self.config.scheduler.max_num_seqs), self.lora
-            )
+            sizes = graph_batch_sizes(self.config.scheduler.max_num_seqs)
+            self.graphs = CudaGraphRunner(self.model, self.inputs, sizes, self.lora)
             self.graphs.capture()
+            if self.speculator is not None:
+                self.speculator.capture_graphs(self.inputs, sizes)
 
     def uses_cuda_graphs(self) -> bool:
         """Decode steps replay CUDA graphs unless enforce_eager, off CUDA, or on the torch
@@ -230,8 +231,9 @@ class ModelRunner:
                 step_broadcast.send_moves_only(scheduler_output, self.device)
             self.last_sampled.record(None, [], [])
             return StagedStep(scheduled, None, None, pending)
-        bucket = self._graph_bucket(scheduler_output)
-        inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket)
+        per_token_seqs = self._is_small_verify_step(scheduler_output)
+        bucket = self._graph_bucket(scheduler_output, per_token_seqs)
+        inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket, per_token_seqs=per_token_seqs)
         if self.lora is not None:
             self.lora.prepare_step(scheduled, inputs.input_ids.shape[0])
         if inputs.placeholder_rows:
@@ -406,14 +408,28 @@ class ModelRunner:
             gc.collect()
             torch.cuda.synchronize()
 
-    def _graph_bucket(self, scheduler_output: SchedulerOutput) -> int | None:
-        """The captured batch size to replay for a decode-only step (one token per request)."""
+    def _graph_bucket(self, scheduler_output: SchedulerOutput, per_token_seqs: bool) -> int | None:
+        """The captured batch size to replay: a decode-only step's number of requests, or a
+        verify step's number of tokens when each is its own sequence (_is_small_verify_step)."""
         if self.graphs is None:
             return None
         num_seqs = len(scheduler_output.scheduled)
+        if per_token_seqs:
+            return self.graphs.bucket_for(scheduler_output.total_num_scheduled_tokens)
         if scheduler_output.total_num_scheduled_tokens != num_seqs:
             return None
         return self.graphs.bucket_for(num_seqs)
+
+    def _is_small_verify_step(self, scheduler_output: SchedulerOutput) -> bool:
+        """A speculative step of decodes and verifies only (no prompt tokens), with drafts and
+        at most max_num_seqs tokens: its attention runs as one decode sequence per token
+        (worker/step_inputs.py), which a decode CUDA graph replays."""
+        so = scheduler_output
+        if self.speculator is None or so.total_num_scheduled_tokens > self.inputs.max_num_seqs:
+            return False
+        if so.total_num_scheduled_tokens == len(so.scheduled):
+            return False  # plain decode
+        return all(s.num_new_tokens == 1 + len(s.spec_token_ids) for s in so.scheduled)
 
 
 def make_speculator(config: EngineConfig, device: torch.device, attn_backend) -> Speculator | None:  # noqa: ANN001

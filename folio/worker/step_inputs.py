@@ -9,6 +9,13 @@ lengths and the block table are computed with whole-batch numpy operations.
 Padding (pad_to > num_seqs, for a captured graph's batch size): padded tokens have input id 0,
 position 0 and slot -1 (nothing written to the cache); padded sequences have query length 0 and
 seq_len 0, so attention skips them. Their rows of the output are garbage and never read.
+
+Per-token sequences (per_token_seqs=True, speculative verify steps): every token of the step
+becomes a sequence of its own in the attention metadata, with one query token at its position,
+seq_len = position + 1 and its request's block-table row. Attention then computes exactly what
+the causal mask of the request's multi-token query would (all of the step's K/V is written
+before any attention of the layer reads it), but the batch is decode-only, so a verify step of
+b requests x (1 + k) tokens replays the decode CUDA graph of b x (1 + k) sequences.
 """
 
 from __future__ import annotations
@@ -109,9 +116,10 @@ class StepInputBuilder:
         scheduler_output: SchedulerOutput,
         prompt_logprobs_done: dict[str, int],
         pad_to: int | None = None,
+        per_token_seqs: bool = False,
     ) -> StepInputs:
         """Flatten the scheduled requests into one batch, padded to pad_to sequences (decode
-        steps only: one token per sequence).
+        steps, or any step with per_token_seqs: one token per sequence).
 
         prompt_logprobs_done maps request id -> index of the next prompt token still to be
         scored (a request preempted and recomputed does not score the same prompt tokens twice).
@@ -124,8 +132,11 @@ class StepInputBuilder:
                 f"Step of {num_tokens} tokens / {num_seqs} sequences exceeds the runner's buffers "
                 f"({self.max_num_tokens} / {self.max_num_seqs})."
             )
-        padded_seqs = max(pad_to or num_seqs, num_seqs)
-        padded_tokens = num_tokens + (padded_seqs - num_seqs)
+        attn_seqs = num_tokens if per_token_seqs else num_seqs  # sequences the attention sees
+        if attn_seqs > self.max_num_seqs:
+            raise ValueError(f"A per-token-sequence step of {num_tokens} tokens exceeds {self.max_num_seqs} sequences.")
+        padded_seqs = max(pad_to or attn_seqs, attn_seqs)
+        padded_tokens = num_tokens + (padded_seqs - attn_seqs)
         if self._copied is not None:
             self._copied.synchronize()
         self.block_table.begin_step()
@@ -134,32 +145,37 @@ class StepInputBuilder:
             scheduled, h["input_ids"], prompt_logprobs_done
         )
         seq_lens = starts + counts  # [num_seqs]
-        qsl = h["query_start_loc"]
-        qsl[0] = 0
-        np.cumsum(counts, out=qsl[1 : num_seqs + 1])
-        qsl[num_seqs + 1 : padded_seqs + 1] = num_tokens  # padded sequences: query length 0
-        h["seq_lens"][:num_seqs] = seq_lens
-        h["seq_lens"][num_seqs:padded_seqs] = 0
         positions = h["positions"][:num_tokens]
         if num_tokens == num_seqs:  # decode-only: one token per sequence at its last position
             positions[:] = starts
             token_rows = rows
         else:
             token_rows = np.repeat(rows, counts)  # [num_tokens]
-            positions[:] = np.arange(num_tokens) - np.repeat(qsl[:num_seqs] - starts, counts)
+            first_rows = np.cumsum(counts) - counts  # [num_seqs] each request's first token row
+            positions[:] = np.arange(num_tokens) - np.repeat(first_rows - starts, counts)
+        if per_token_seqs:  # each token its own sequence: query length 1, context up to itself
+            attn_counts, attn_seq_lens, attn_rows = np.ones(num_tokens, np.int64), positions + 1, token_rows
+        else:
+            attn_counts, attn_seq_lens, attn_rows = counts, seq_lens, rows
+        qsl = h["query_start_loc"]
+        qsl[0] = 0
+        np.cumsum(attn_counts, out=qsl[1 : attn_seqs + 1])
+        qsl[attn_seqs + 1 : padded_seqs + 1] = num_tokens  # padded sequences: query length 0
+        h["seq_lens"][:attn_seqs] = attn_seq_lens
+        h["seq_lens"][attn_seqs:padded_seqs] = 0
         width = max(int(-(-seq_lens.max() // self.block_size)), 1) if num_seqs else 1
         table = self.block_table.table
         block_ids = table[token_rows, positions // self.block_size]  # [num_tokens]
         h["slot_mapping"][:num_tokens] = block_ids * self.block_size + positions % self.block_size
         for name, fill in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1)):
             h[name][num_tokens:padded_tokens] = fill
-        step_table = self.block_table.gather(rows, width, h["block_tables"])  # [num_seqs, width]
+        step_table = self.block_table.gather(attn_rows, width, h["block_tables"])  # [attn_seqs, width]
         self._copy_to_device(padded_tokens, padded_seqs, step_table)
         d = self.buffers.device
         metadata = AttentionMetadata(
             num_actual_tokens=num_tokens,
             num_seqs=padded_seqs,
-            max_query_len=int(counts.max()) if num_seqs else 0,
+            max_query_len=int(attn_counts.max()) if num_seqs else 0,
             max_seq_len=int(seq_lens.max()) if num_seqs else 0,
             query_start_loc=d["query_start_loc"][: padded_seqs + 1],
             seq_lens=d["seq_lens"][:padded_seqs],
@@ -167,7 +183,7 @@ class StepInputBuilder:
             slot_mapping=d["slot_mapping"][:padded_tokens],
             query_start_loc_cpu=qsl[: padded_seqs + 1].tolist(),
             seq_lens_cpu=h["seq_lens"][:padded_seqs].tolist(),
-            is_decode_only=num_tokens == num_seqs,
+            is_decode_only=num_tokens == attn_seqs,
         )
         d = self.buffers.device
         return StepInputs(

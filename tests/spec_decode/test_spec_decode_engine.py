@@ -51,21 +51,38 @@ def _summary(outputs):
     return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outputs]
 
 
+def _spy_on_step_layouts(monkeypatch) -> list[bool]:
+    """Record, for each step the runner builds, whether its attention ran per token."""
+    from folio.worker.step_inputs import StepInputBuilder
+
+    layouts: list[bool] = []
+    build = StepInputBuilder.build
+
+    def spy(self, *args, per_token_seqs=False, **kwargs):
+        layouts.append(per_token_seqs)
+        return build(self, *args, per_token_seqs=per_token_seqs, **kwargs)
+
+    monkeypatch.setattr(StepInputBuilder, "build", spy)
+    return layouts
+
+
 @pytest.fixture(scope="module")
 def baseline(paths):
     return _llm(paths)
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft-other", "draft-same"])
-def test_greedy_outputs_are_unchanged_batched_and_one_by_one(paths, baseline, method):
+def test_greedy_outputs_are_unchanged_batched_and_one_by_one(paths, baseline, method, monkeypatch):
     want = baseline.generate(PROMPTS, GREEDY, use_tqdm=False)
     llm = _llm(paths, _spec(paths, method))
+    layouts = _spy_on_step_layouts(monkeypatch)
     assert _summary(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == _summary(want)
     for prompt, expected in zip(PROMPTS[:2], want):
         assert _summary(llm.generate(prompt, GREEDY, use_tqdm=False)) == _summary([expected])
     engine = llm.llm_engine
     stats = engine.scheduler.spec_stats
     assert stats.num_draft_tokens > 0
+    assert layouts.count(True) > 0  # verify steps ran as one decode sequence per token
     if method == "draft-same":
         assert stats.acceptance_rate > 0.9  # the draft is the target: (almost) every draft holds
         metrics = EngineMetrics("m")

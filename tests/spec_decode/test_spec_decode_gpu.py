@@ -46,6 +46,11 @@ def test_greedy_outputs_unchanged_on_gpu(paths, spec_kind, small):
     llm = _llm(paths, spec, **kwargs)
     got = llm.generate(PROMPTS, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    (alone,) = llm.generate(PROMPTS[:1], params, use_tqdm=False)  # batch 1: the smallest graphs
+    assert alone.outputs[0].token_ids == want[0].outputs[0].token_ids
+    if spec_kind != "ngram":  # the draft's own steps and its pass over the target's batch replay graphs
+        proposer = llm.llm_engine.runner.speculator.proposer
+        assert proposer.steps.graphs and proposer.mirror is not None and proposer.mirror.graphs
     stats = llm.llm_engine.scheduler.spec_stats
     assert stats.num_draft_tokens > 0
     if spec_kind == "draft-same":

@@ -3,6 +3,7 @@ padding that attention skips (checked through the Triton kernels on the CPU inte
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -90,17 +91,22 @@ def test_steps_match_a_per_token_construction():
     _check(builder, [seqs[2].schedule(10)])
 
 
+def _cached_contexts(rng: random.Random) -> list[_Seq]:
+    """Three requests of 6, 13 and 3 tokens whose context but the last token is cached."""
+    free = list(range(100))
+    rng.shuffle(free)
+    seqs = [_Seq(f"r{i}", n, free, rng) for i, n in enumerate([6, 13, 3])]
+    for s in seqs:
+        s.schedule(s.request.num_tokens - 1)
+    return seqs
+
+
 def test_padding_is_skipped_by_attention():
     """A decode batch padded to a graph size: padded slots are -1, padded sequences have query
     length 0 and seq_len 0, and the Triton decode kernel gives the unpadded batch's output."""
     rng = random.Random(1)
-    free = list(range(100))
-    rng.shuffle(free)
     builder = StepInputBuilder(64, 8, 64, BLOCK, torch.device("cpu"))
-    seqs = [_Seq(f"r{i}", n, free, rng) for i, n in enumerate([6, 13, 3])]
-    for s in seqs:
-        s.schedule(s.request.num_tokens - 1)  # cached context; the last token is the decode
-    batch = [s.schedule(1) for s in seqs]
+    batch = [s.schedule(1) for s in _cached_contexts(rng)]
     inputs = _check(builder, batch, pad_to=8)
     md = inputs.attn_metadata
     assert md.num_seqs == 8 and inputs.input_ids.shape[0] == 8 and md.num_actual_tokens == 3
@@ -130,3 +136,52 @@ def test_oversized_step_is_refused():
 )
 def test_graph_batch_sizes(max_num_seqs, sizes):
     assert graph_batch_sizes(max_num_seqs) == sizes
+
+
+def test_verify_steps_as_per_token_sequences_give_the_same_attention():
+    """A speculative verify step (requests with 1 + k query tokens) built with per_token_seqs:
+    every token its own decode sequence (seq_len = position + 1, its request's block row), padded
+    to a graph size. The same tokens, positions and slots; the decode kernel's attention over it
+    equals the reference's causal attention over the multi-token queries."""
+    rng = random.Random(3)
+    builder = StepInputBuilder(64, 16, 64, BLOCK, torch.device("cpu"))
+    seqs = _cached_contexts(rng)
+    batch = []
+    for s, k in zip(seqs, [3, 1, 4]):  # drafts of several lengths, crossing block boundaries
+        s.request.append_output_token_ids([rng.randrange(1000)])  # the token the drafts follow
+        drafts = tuple(rng.randrange(1000) for _ in range(k))
+        batch.append(dataclasses.replace(s.schedule(1 + k), spec_token_ids=drafts))
+    out = SchedulerOutput(batch, sum(s.num_new_tokens for s in batch))
+    plain = builder.build(out, {})
+    positions = [p for s in batch for p in range(s.num_computed_tokens, s.end)]
+    want = {"positions": positions,
+            "slot_mapping": [s.block_ids[p // BLOCK] * BLOCK + p % BLOCK for s in batch for p in range(s.num_computed_tokens, s.end)],
+            "input_ids": [t for s in batch for t in (s.request.all_token_ids[s.num_computed_tokens], *s.spec_token_ids)]}
+    n = len(positions)
+    assert plain.input_ids[:n].tolist() == want["input_ids"]
+    plain_md = plain.attn_metadata
+    plain_positions, plain_slots = plain.positions.clone(), plain_md.slot_mapping.clone()
+    plain_md = type(plain_md)(**{**vars(plain_md), "query_start_loc": plain_md.query_start_loc.clone(),
+                                 "seq_lens": plain_md.seq_lens.clone(), "block_tables": plain_md.block_tables.clone()})
+    inputs = builder.build(out, {}, pad_to=16, per_token_seqs=True)
+    md = inputs.attn_metadata
+    assert inputs.input_ids[:n].tolist() == want["input_ids"]
+    assert inputs.positions[:n].tolist() == plain_positions[:n].tolist() == want["positions"]
+    assert md.slot_mapping[:n].tolist() == plain_slots[:n].tolist() == want["slot_mapping"]
+    assert md.is_decode_only and md.num_seqs == 16 and md.max_query_len == 1 and n == 11
+    assert md.query_start_loc[: n + 1].tolist() == list(range(n + 1)) and md.query_start_loc[n + 1 :].tolist() == [n] * 5
+    assert md.seq_lens[:n].tolist() == [p + 1 for p in want["positions"]] and md.seq_lens[n:].tolist() == [0] * 5
+    assert md.slot_mapping[n:].tolist() == [-1] * 5
+    owners = [i for i, s in enumerate(batch) for _ in range(s.num_new_tokens)]
+    for t, i in enumerate(owners):
+        assert md.block_tables[t, : len(batch[i].block_ids)].tolist() == batch[i].block_ids
+    assert inputs.verify_rows == plain.verify_rows and inputs.verify_batch_indices == [0, 1, 2]
+
+    heads, kv_heads, dim = 4, 2, 16
+    gen = torch.Generator().manual_seed(0)
+    kv_cache = torch.randn(2, 100, BLOCK, kv_heads, dim, generator=gen)
+    query = torch.randn(16, heads, dim, generator=gen)
+    want_out = TorchAttentionBackend().forward(query[:n], kv_cache, plain_md, 0.25)
+    torch.testing.assert_close(TorchAttentionBackend().forward(query, kv_cache, md, 0.25)[:n], want_out, atol=1e-5, rtol=1e-5)
+    got = TritonAttentionBackend(num_splits=2).forward(query, kv_cache, md, 0.25)
+    torch.testing.assert_close(got[:n], want_out, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,141 @@
+"""DraftSteps: a draft model's k greedy decode steps from persistent buffers, each step one
+replay of a CUDA graph once `capture` has run (on CUDA), else run eagerly from the same buffers.
+
+Drafting k tokens is k forward passes of a small model: launched op by op from Python, the host
+sets their pace (a 2-layer draft launches ~40 kernels a step), and at batch 1 the drafts could
+cost more than the target's verify step saves. Here each bucketed batch size (the target's
+decode buckets) has one captured graph: forward, LM head, argmax, and the argmax written back
+into the graph's own token buffer, so step j + 1 reads step j's draft without the host.
+
+Per call the host computes every step's positions, slots and sequence lengths at once (numpy,
+[k, n]) into pinned buffers, copies the block table once, and before each replay copies that
+step's three rows. A row past its limit (its table or max_model_len ends) gets slot -1 and
+seq_len 0 (attention skips it, nothing is written) and position 0; its drafts are dropped.
+Without graphs (CPU, enforce_eager, the torch attention backend) a step runs at the batch's own
+size with the host copies of the sequence lengths that the torch backend loops over.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import torch
+
+from folio.attention.metadata import AttentionMetadata
+from folio.logger import init_logger
+from folio.models.base import CausalLM
+
+logger = init_logger(__name__)
+
+
+class DraftSteps:
+    def __init__(
+        self, model: CausalLM, sizes: list[int], max_steps: int, block_size: int, max_blocks: int, device: torch.device
+    ) -> None:
+        self.model = model
+        self.sizes = sorted(sizes)
+        self.block_size = block_size
+        self.max_blocks = max_blocks
+        s = self.sizes[-1]
+        self.tokens = torch.zeros(s, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(s, dtype=torch.int64, device=device)
+        self.slots = torch.full((s,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(s, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(s + 1, dtype=torch.int32, device=device)  # one token each
+        self.tables = torch.zeros((s, max_blocks), dtype=torch.int32, device=device)
+        pin = device.type == "cuda"
+        self.host_positions = torch.zeros((max_steps, s), dtype=torch.int64, pin_memory=pin)
+        self.host_slots = torch.zeros((max_steps, s), dtype=torch.int64, pin_memory=pin)
+        self.host_seq_lens = torch.zeros((max_steps, s), dtype=torch.int32, pin_memory=pin)
+        self.host_tables = torch.zeros((s * max_blocks,), dtype=torch.int32, pin_memory=pin)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  # size -> [size] argmax ids, in the pool
+
+    def bucket_for(self, n: int) -> int | None:
+        """The captured size that holds n rows, or None (then the steps run eagerly)."""
+        i = bisect.bisect_left(self.sizes, n)
+        return self.sizes[i] if i < len(self.sizes) and self.sizes[i] in self.graphs else None
+
+    def _metadata(self, size: int, seq_lens_cpu: list[int] | None = None) -> AttentionMetadata:
+        return AttentionMetadata(
+            num_actual_tokens=size,
+            num_seqs=size,
+            max_query_len=1,
+            max_seq_len=self.max_blocks * self.block_size,
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            block_tables=self.tables[:size],
+            slot_mapping=self.slots[:size],
+            query_start_loc_cpu=list(range(size + 1)),
+            seq_lens_cpu=seq_lens_cpu if seq_lens_cpu is not None else [0] * size,  # the torch backend's
+            is_decode_only=True,
+        )
+
+    def _step(self, size: int, seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
+        metadata = self._metadata(size, seq_lens_cpu)
+        hidden = self.model(self.tokens[:size], self.positions[:size], metadata)  # [size, hidden]
+        ids = self.model.compute_logits(hidden).argmax(dim=-1)  # [size]
+        self.tokens[:size].copy_(ids)
+        return ids
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """One graph per size, largest first, sharing one pool; slots are -1 and seq_lens 0
+        while capturing, so nothing is written to the cache."""
+        pool = None
+        for size in reversed(self.sizes):
+            self._step(size)  # compile and autotune outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[size] = self._step(size)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+        logger.info("Captured %d CUDA graphs for draft steps, batch sizes %d..%d", len(self.graphs), self.sizes[0], self.sizes[-1])
+
+    @torch.inference_mode()
+    def run(
+        self, tokens: torch.Tensor, positions: list[int], tables: list[list[int]], limits: list[int], steps: int
+    ) -> torch.Tensor:
+        """Draft `steps` tokens for n rows: row i starts from tokens[i] at positions[i] and drafts
+        limits[i] of them. Returns [steps, n] argmaxes (entries past a row's limit are garbage)."""
+        n = len(positions)
+        assert steps <= self.host_positions.shape[0] and n <= self.sizes[-1]
+        bucket = self.bucket_for(n)
+        size = bucket or n
+        self._fill_host(positions, tables, limits, steps, size)
+        width = max(len(t) for t in tables)
+        table = self.host_tables[: n * width].view(n, width)
+        self.tables[:n, :width].copy_(table, non_blocking=True)
+        self.tokens[:n].copy_(tokens)
+        out = torch.empty((steps, n), dtype=torch.int64, device=tokens.device)
+        for j in range(steps):
+            self.positions[:size].copy_(self.host_positions[j, :size], non_blocking=True)
+            self.slots[:size].copy_(self.host_slots[j, :size], non_blocking=True)
+            self.seq_lens[:size].copy_(self.host_seq_lens[j, :size], non_blocking=True)
+            if bucket is None:
+                ids = self._step(size, self.host_seq_lens[j, :size].tolist())
+            else:
+                self.graphs[size].replay()
+                ids = self.outputs[size]
+            out[j].copy_(ids[:n])
+        return out
+
+    def _fill_host(self, positions: list[int], tables: list[list[int]], limits: list[int], steps: int, size: int) -> None:
+        n = len(positions)
+        width = max(len(t) for t in tables)
+        table = self.host_tables.numpy()[: n * width].reshape(n, width)
+        table[:] = 0
+        for i, t in enumerate(tables):
+            table[i, : len(t)] = t
+        pos = np.asarray(positions, dtype=np.int64)[None, :] + np.arange(steps)[:, None]  # [steps, n]
+        alive = np.arange(steps)[:, None] < np.asarray(limits)[None, :]  # [steps, n]
+        block = np.minimum(pos // self.block_size, width - 1)  # dead rows may point past their table
+        slots = table[np.arange(n)[None, :], block] * self.block_size + pos % self.block_size
+        hp, hs, hl = self.host_positions.numpy(), self.host_slots.numpy(), self.host_seq_lens.numpy()
+        hp[:steps, :n] = np.where(alive, pos, 0)
+        hs[:steps, :n] = np.where(alive, slots, -1)
+        hl[:steps, :n] = np.where(alive, pos + 1, 0)
+        hp[:steps, n:size], hs[:steps, n:size], hl[:steps, n:size] = 0, -1, 0
