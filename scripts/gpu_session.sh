@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured quant spec-pair spec lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured quant kernels-quant spec-pair spec lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -59,6 +59,8 @@ perf-tests) part perf-tests
 kernels-prefill) part kernels-prefill  # prefill kernel vs unified, and its tile sweep
   mkdir -p "$OUT/kprefill"; timeout 240 python3 -m folio.kernels.benchmark --only prefill --sweep \
     --out "$OUT/kprefill" 2>&1 | tail -56 ;;
+kernels-quant) part kernels-quant  # issue 13: W4A16 / FP8 GEMMs at the 8B's shapes, W4A16 small-M config sweep
+  mkdir -p "$OUT/kquant"; timeout 400 python3 -m folio.kernels.benchmark --only quant --sweep --out "$OUT/kquant" 2>&1 | tail -120 ;;
 kernels-sampling) part kernels-sampling  # fused Gumbel-max draw vs the torch race
   mkdir -p "$OUT/ksample"; timeout 120 python3 -m folio.kernels.benchmark --only sampling --out "$OUT/ksample" 2>&1 | tail -14 ;;
 latency-qwen|latency-llama|vs-vllm-latency-qwen|vs-vllm-latency-llama) part $p

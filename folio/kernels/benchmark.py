@@ -2,6 +2,7 @@
 
     python -m folio.kernels.benchmark [--sweep] [--out DIR]     # on a GPU
     python -m folio.kernels.benchmark --tiny                    # CPU smoke run (interpreter)
+    python -m folio.kernels.benchmark --only quant --sweep      # W4A16 / FP8 GEMMs (benchmark_quant.py)
 
 First measures the two ceilings on this device (a 1 GiB device copy, bytes read + written; a
 bf16 8192^3 matmul), then for each case: checks the kernel against its torch reference on fresh
@@ -311,7 +312,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU interpreter smoke run)")
     parser.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
-    parser.add_argument("--only", choices=["prefill", "sampling"], help="run only these cases (and the ceilings)")
+    parser.add_argument("--only", choices=["prefill", "sampling", "quant"], help="run only these cases (and the ceilings)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
@@ -328,6 +329,10 @@ def main() -> None:
         rows += sampling_cases(device, ceilings, args.tiny)
     if args.only in (None, "prefill") and dtype != torch.float32:
         rows += prefill_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
+    if args.only == "quant":  # W4A16 / FP8 at Llama-3.1-8B's shapes (kernels/benchmark_quant.py)
+        from folio.kernels.benchmark_quant import quant_cases
+
+        rows += quant_cases(device, dtype, ceilings, args.tiny, args.sweep, _row)
     rows = [r for r in rows if r is not None]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernel_bench.json"), "w") as f:

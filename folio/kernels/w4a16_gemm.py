@@ -10,7 +10,7 @@ BLOCK_K steps; BLOCK_K divides G, so each step reads one row of scales/zeros. We
 unpacked with shifts, scaled in float32, rounded to the activation dtype and fed to tl.dot
 with a float32 accumulator. Decode (small M) is bound by reading the weight: split-K gives
 the GPU enough programs to saturate memory bandwidth, each writing a float32 partial that
-one torch sum reduces. Large M dequantizes once and calls cuBLAS (M >= DEQUANT_MIN_M).
+_sum_splits_kernel adds up and casts in one pass. Large M dequantizes once and calls cuBLAS (M >= DEQUANT_MIN_M).
 """
 
 from __future__ import annotations
@@ -89,6 +89,23 @@ def _w4a16_kernel(
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _sum_splits_kernel(
+    part_ptr,  # [SPLIT_K, M * N] float32
+    out_ptr,  # [M * N] the output dtype
+    total,  # M * N
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """out = sum over splits of the partials, cast once: one pass instead of torch's sum and cast."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(part_ptr + s * total + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def w4a16_linear(
     x: torch.Tensor,  # [M, K]
     qweight: torch.Tensor,  # [K / 8, N] int32
@@ -154,6 +171,7 @@ def w4a16_gemm_triton(
     cfg = dict(config or pick_config(m, n, k, group_size, sms))
     split_k = cfg.pop("SPLIT_K")
     num_warps = cfg.pop("num_warps", 4)
+    num_stages = cfg.pop("num_stages", None)  # None: Triton's default
     block_k = cfg["BLOCK_K"]
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     out_dtype = x.dtype if split_k == 1 else torch.float32
@@ -164,9 +182,15 @@ def w4a16_gemm_triton(
         m, n, k, k_per_split,
         x.stride(0), x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
         GROUP=group_size, HAS_ZEROS=zeros is not None, num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **cfg,
     )
-    return out[0] if split_k == 1 else out.sum(0).to(x.dtype)  # [M, N]
+    if split_k == 1:
+        return out[0]  # [M, N]
+    result = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block = 1024
+    _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, result, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
+    return result  # [M, N]
 
 
 def unpack_rows(qweight: torch.Tensor) -> torch.Tensor:

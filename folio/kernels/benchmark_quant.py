@@ -1,0 +1,100 @@
+"""Quantized GEMM cases for folio.kernels.benchmark: W4A16 and FP8 at Llama-3.1-8B's shapes.
+
+    python -m folio.kernels.benchmark --only quant [--sweep]      # on a GPU
+
+Decode (M = 1 and 16 tokens) is bound by reading the weight, so each row reports the bytes a
+GEMM must move (packed weight, scales, zeros, activations, output) over the measured copy rate;
+M = 256 rows (W1's decode batches) also report the matmul rate. `--sweep` times the W4A16
+kernel's alternative tile configs and split counts (the candidates for pick_config's small-M
+table), so one GPU call can choose them (docs/perf-notes.md, "Quantized GEMMs at small M").
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from folio.kernels.fp8_gemm import fp8_linear, quantize_weight_per_channel
+from folio.kernels.w4a16_gemm import pack_rows, pick_config, w4a16_gemm_triton, w4a16_reference
+
+# Llama-3.1-8B's four GEMMs per layer (QKV and gate/up merged): (name, K, N)
+LLAMA_8B_GEMMS = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 28672), ("down", 14336, 4096)]
+TINY_GEMMS = [("tiny", 256, 96)]
+GROUP = 128
+# Candidate W4A16 configs for small M: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)
+SWEEP_W4A16 = [
+    (64, 64, None, 4, 3), (64, 128, None, 4, 4), (32, 128, None, 4, 4), (128, 128, None, 4, 4),
+    (64, 128, 1, 4, 4), (32, 128, 1, 2, 5), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (128, 128, 2, 8, 4),
+]
+
+
+def quant_cases(device, dtype, ceilings, tiny: bool, sweep: bool, row: Callable) -> list:
+    """Rows for the benchmark table; `row` is folio.kernels.benchmark._row."""
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, k, n in TINY_GEMMS if tiny else LLAMA_8B_GEMMS:
+        for m in (1, 16) if tiny else (1, 16, 256):
+            x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
+            rows += _w4a16_rows(name, x, n, device, ceilings, sweep and m <= 16, gen, row)
+            rows += _fp8_rows(name, x, n, device, ceilings, gen, row)
+    return rows
+
+
+def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
+    m, k = x.shape
+    q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)
+    qweight = pack_rows(q).to(device)
+    scales = (torch.rand(k // GROUP, n, generator=gen) * 0.02 + 0.001).to(device)
+    want = w4a16_reference(x, qweight, scales, None, GROUP)
+    nbytes = qweight.numel() * 4 + scales.numel() * 4 + 2 * x.numel() * x.element_size() + m * n * x.element_size()
+    flops = 2 * m * n * k
+    default = pick_config(m, n, k, GROUP, _sms(device))
+    configs = [("default", None)]
+    if sweep:
+        for block_n, block_k, split_k, warps, stages in SWEEP_W4A16:
+            cfg = dict(default, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+            if split_k is not None:
+                cfg["SPLIT_K"] = split_k
+            configs.append((f"n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}", cfg))
+    rows = []
+    for label, cfg in configs:
+        def run(cfg=cfg):
+            return w4a16_gemm_triton(x, qweight, scales, None, GROUP, config=cfg)
+
+        def check(run=run):
+            return (run().float() - want.float()).abs().max()
+
+        split = (cfg or default)["SPLIT_K"]
+        rows.append(row(f"w4a16 {name} M={m} K={k} N={n} {label} (split {split})", run, check, nbytes, flops, device, ceilings))
+    return rows
+
+
+def _fp8_rows(name, x, n, device, ceilings, gen, row) -> list:
+    m, k = x.shape
+    w = (torch.randn(n, k, generator=gen) * 0.02).to(device=device, dtype=x.dtype)
+    w_q, w_scale = quantize_weight_per_channel(w)
+    want = F.linear(x.float(), (w_q.float() * w_scale[:, None]))
+    act = 2 * x.numel() * x.element_size() + m * n * x.element_size()
+    flops = 2 * m * n * k
+
+    def run_fp8():
+        return fp8_linear(x, w_q, w_scale, None, None)
+
+    def check_fp8():
+        return ((run_fp8().float() - want).abs().max() / want.abs().max().clamp(min=1e-6)).item()
+
+    def run_bf16():
+        return F.linear(x, w)
+
+    return [
+        row(f"fp8 {name} M={m} K={k} N={n} (per-token activations)", run_fp8, check_fp8,
+            w_q.numel() + w_scale.numel() * 4 + act, flops, device, ceilings),
+        row(f"bf16 {name} M={m} K={k} N={n} (the unquantized GEMM)", run_bf16, lambda: 0.0,
+            w.numel() * w.element_size() + act, flops, device, ceilings),
+    ]
+
+
+def _sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132

@@ -1,0 +1,19 @@
+"""The quantized-GEMM benchmark's tiny run on the CPU: every case checks against its reference
+(the row's max_err) and counts the bytes a GEMM must move."""
+
+from __future__ import annotations
+
+import torch
+
+from folio.kernels.benchmark import _row
+from folio.kernels.benchmark_quant import quant_cases
+
+
+def test_tiny_quant_cases_check_and_count_bytes():
+    rows = quant_cases(torch.device("cpu"), torch.float32, (3.0e12, 785e12), tiny=True, sweep=False, row=_row)
+    assert [r.case.split()[0] for r in rows] == ["w4a16", "fp8", "bf16"] * 2
+    for r in rows:
+        assert r.bytes > 0 and r.flops > 0 and r.median_us > 0
+        assert r.max_err < (5e-2 if r.case.startswith("fp8") else 1e-3), r
+    w4a16 = rows[0]
+    assert w4a16.bytes < rows[2].bytes / 3  # packed int4 + scales against the float32 weight
