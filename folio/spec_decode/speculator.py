@@ -49,6 +49,10 @@ class Speculator:
         spec = config.speculative
         assert spec is not None
         self.disable_by_batch_size = spec.disable_by_batch_size
+        # Set once decode graphs exist: verify steps of more tokens than the largest graph run
+        # eager, slower than the decode steps they replace, so drafting pauses above it.
+        self.max_graph_tokens: int | None = None
+        self._paused = False
         logger.info("Speculative decoding: %s, %d tokens per step", spec.method, spec.num_speculative_tokens)
 
     @property
@@ -72,11 +76,26 @@ class Speculator:
         emitted: dict[int, list[int]],
     ) -> list[list[int]]:
         """Drafts for every scheduled request, [] for those that get none."""
-        if self.disable_by_batch_size is not None and len(emitted) >= self.disable_by_batch_size:
+        if self._pause_for(len(emitted)):
             # A draft model's K/V of this batch is still written: later steps may draft again.
             emitted = {}
         drafts = self.proposer.propose(ProposalBatch(scheduled, inputs, hidden, emitted))
         return [drafts.get(i, []) for i in range(len(scheduled))]
+
+    def _pause_for(self, batch_size: int) -> bool:
+        """No drafts for this batch: the user's disable_by_batch_size, or a verify step of
+        batch_size x (1 + k) tokens that no decode graph holds (logged when that starts and ends)."""
+        if self.disable_by_batch_size is not None and batch_size >= self.disable_by_batch_size:
+            return True
+        too_big = self.max_graph_tokens is not None and batch_size * (1 + self.proposer.k) > self.max_graph_tokens
+        if too_big != self._paused:
+            self._paused = too_big
+            logger.info(
+                "Speculative decoding %s: %d requests x %d tokens %s the largest CUDA graph (%d tokens)",
+                "paused" if too_big else "resumed", batch_size, 1 + self.proposer.k,
+                "exceed" if too_big else "fit", self.max_graph_tokens,
+            )
+        return too_big
 
     def initialize_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
         self.proposer.initialize_kv_cache(num_blocks, num_cpu_blocks)
@@ -87,3 +106,4 @@ class Speculator:
     def capture_graphs(self, builder: StepInputBuilder, sizes: list[int]) -> None:
         """The proposer's CUDA graphs, after the target's (the runner's step buffers and sizes)."""
         self.proposer.capture_graphs(builder, sizes)
+        self.max_graph_tokens = max(sizes)

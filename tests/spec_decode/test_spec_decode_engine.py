@@ -160,3 +160,22 @@ def test_seeded_sampling_repeats_and_n_samples(paths, baseline):
     assert [b.tokens for b in llm.beam_search(prompt, beams)[0].sequences] == [
         b.tokens for b in baseline.beam_search(prompt, beams)[0].sequences
     ]
+
+
+def test_drafting_pauses_while_verify_steps_would_outgrow_the_graphs(paths, baseline, caplog):
+    """With decode graphs of at most 8 tokens (as capture sets it on a GPU) and k = 3, a batch of
+    3 requests (12 verify tokens) gets no drafts and a batch of 2 (8 tokens) does; the pause and
+    the resumption are logged, and outputs stay those of the engine without speculation."""
+    llm = _llm(paths, _spec(paths, "draft-same"))
+    speculator = llm.llm_engine.runner.speculator
+    speculator.max_graph_tokens = 8
+    stats = llm.llm_engine.scheduler.spec_stats
+    with caplog.at_level("INFO", logger="folio.spec_decode.speculator"):
+        batched = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
+        assert stats.num_drafts == 0
+        pair = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    assert stats.num_drafts > 0
+    assert "Speculative decoding paused: 3 requests x 4 tokens exceed" in caplog.text
+    assert "Speculative decoding resumed: 2 requests x 4 tokens fit" in caplog.text
+    assert _summary(batched) == _summary(baseline.generate(PROMPTS[:3], GREEDY, use_tqdm=False))
+    assert _summary(pair) == _summary(baseline.generate(PROMPTS[:2], GREEDY, use_tqdm=False))
