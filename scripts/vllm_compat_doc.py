@@ -26,7 +26,9 @@ exercises every row.
 Statuses: **honoured** (folio does what vLLM does), **no-op** (accepted: the value changes nothing
 in folio; other values raise), **not supported yet** (vLLM's default is accepted; another value
 raises ValueError naming the argument and the value, until the named work lands), **error**
-(only the default is accepted). An argument in no table raises TypeError, as in vLLM.
+(only the default is accepted). `EngineArgs(...)` takes the same arguments as `LLM(...)`. An
+argument in no table raises an error that is both a TypeError (as in vLLM) and a ValueError,
+naming it and the nearest known name.
 """
 
 

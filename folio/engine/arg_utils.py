@@ -1,12 +1,16 @@
 """EngineArgs: every user-facing engine option in one flat place, turned into EngineConfig.
 
 The same fields back `LLM(...)` keyword arguments and `folio serve` / `folio generate` flags.
+`EngineArgs(...)` takes vLLM's names too, as `LLM(...)` does: a vLLM argument that is not a field
+is checked against folio/engine/vllm_args.py's table (a no-op, or a ValueError naming it) and not
+stored; a name in neither is an UnknownEngineArgumentError (a TypeError and a ValueError).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +26,7 @@ from folio.config import (
     SpeculativeConfig,
     resolve_device,
 )
+from folio.engine.vllm_args import split_vllm_kwargs
 from folio.logger import init_logger
 from folio.transformers_utils.model_path import resolve_model_path
 
@@ -102,11 +107,8 @@ class EngineArgs:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
-        """EngineArgs from folio's or vLLM's keyword arguments: vLLM arguments folio has no field
-        for are checked against vllm_args.VLLM_ARGS (a no-op, or a ValueError naming them)."""
-        from folio.engine.vllm_args import split_vllm_kwargs
-
-        return cls(**split_vllm_kwargs(kwargs, cls.field_names()))
+        """EngineArgs from folio's or vLLM's keyword arguments (the same as `EngineArgs(**kwargs)`)."""
+        return cls(**kwargs)
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -293,6 +295,26 @@ class EngineArgs:
 
         names = cls.field_names() | set(BY_NAME)
         return cls.from_kwargs(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+
+def _vllm_aware_init(dataclass_init):
+    """EngineArgs.__init__: the dataclass's own, after vLLM's names are checked and dropped and
+    vLLM's None defaults resolved (vllm_args.split_vllm_kwargs), so that `EngineArgs(...)`,
+    `LLM(...)` and `dataclasses.replace` treat every argument alike. Positional arguments go to
+    the dataclass as they are; checks that need the whole call (revision with a local model) see
+    them too."""
+    init_names = [f.name for f in dataclasses.fields(EngineArgs) if f.init]
+    field_names = set(init_names)
+
+    @functools.wraps(dataclass_init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        call = {**dict(zip(init_names, args)), **kwargs}
+        dataclass_init(self, *args, **split_vllm_kwargs(kwargs, field_names, call))
+
+    return __init__
+
+
+EngineArgs.__init__ = _vllm_aware_init(EngineArgs.__init__)  # type: ignore[method-assign]
 
 
 def _json_object(text: str) -> dict[str, Any]:

@@ -348,7 +348,7 @@ class LLMEngine:
 
     def embed(self, prompts: list[list[int]], pooler_config: Any) -> list[list[float]]:
         """Embeddings of token prompts from the model's final hidden states (worker/pooler.py),
-        computed now, between steps, over KV blocks of their own."""
+        computed now, between steps, over free blocks of the engine's KV cache, given back after."""
         from folio.pooling_params import PoolerConfig
         from folio.worker.pooler import pooler_for_runner
 
@@ -361,7 +361,7 @@ class LLMEngine:
             processed = self.input_processor.process_prompt({"prompt_token_ids": ids})
             self.input_processor.check_length(len(processed.token_ids))
         if self._pooler is None:
-            self._pooler = pooler_for_runner(self.runner)
+            self._pooler = pooler_for_runner(self.runner, self.scheduler.kv_cache_manager.block_pool)
         return self._pooler.embed(prompts, pooler_config)
 
     def engine_state(self, with_blocks: bool = False) -> dict[str, Any]:

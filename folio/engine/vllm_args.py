@@ -15,6 +15,7 @@ EngineArgs takes; docs/vllm-compat.md is generated from the table (scripts/vllm_
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 import os
@@ -271,17 +272,34 @@ def check_value(row: VllmArg, value: Any, call: Mapping[str, Any]) -> None:
             raise ValueError(f"{row.name}={value!r}: {problem}.")
 
 
-def split_vllm_kwargs(kwargs: Mapping[str, Any], engine_fields: set[str]) -> dict[str, Any]:
+class UnknownEngineArgumentError(TypeError, ValueError):
+    """An engine argument neither folio nor vLLM has: a TypeError as in vLLM (an unknown keyword),
+    and a ValueError like every other refused engine argument."""
+
+
+def unknown_argument_error(unknown: list[str], engine_fields: set[str]) -> UnknownEngineArgumentError:
+    known = sorted(engine_fields | set(BY_NAME))
+    parts = []
+    for name in unknown:
+        near = difflib.get_close_matches(name, known, n=1)
+        parts.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    return UnknownEngineArgumentError(
+        f"Unknown engine argument(s): {', '.join(parts)}. "
+        "docs/vllm-compat.md lists every vLLM argument folio knows."
+    )
+
+
+def split_vllm_kwargs(kwargs: Mapping[str, Any], engine_fields: set[str],
+                      call: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """EngineArgs' own keyword arguments from a vLLM-style call.
 
     Table arguments that are not EngineArgs fields are checked and dropped (each is a no-op or
-    raises ValueError); names in neither raise TypeError, as an unknown keyword does in vLLM."""
+    raises ValueError); names in neither raise UnknownEngineArgumentError (a TypeError, as an
+    unknown keyword is in vLLM, and a ValueError). `call`: the whole call, positional arguments
+    included, for checks that look at other arguments (default: kwargs)."""
     unknown = sorted(k for k in kwargs if k not in engine_fields and k not in BY_NAME)
     if unknown:
-        raise TypeError(
-            f"Unknown engine argument(s): {', '.join(unknown)}. "
-            "docs/vllm-compat.md lists every vLLM argument folio knows."
-        )
+        raise unknown_argument_error(unknown, engine_fields)
     out: dict[str, Any] = {}
     for name, value in kwargs.items():
         row = BY_NAME.get(name)
@@ -294,5 +312,5 @@ def split_vllm_kwargs(kwargs: Mapping[str, Any], engine_fields: set[str]) -> dic
                 value = value[0] if value else None
             out[name] = value
         elif row is not None:
-            check_value(row, value, kwargs)
+            check_value(row, value, kwargs if call is None else call)
     return out

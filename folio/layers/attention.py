@@ -2,7 +2,9 @@
 
 The layer holds no state about a batch: the AttentionMetadata of the step is passed in.
 With an FP8 KV cache it stores K / k_scale and V / v_scale: per-tensor scales loaded from the
-checkpoint (`self_attn.k_scale` / `v_scale`, as llm-compressor writes them) or 1.0.
+checkpoint (`self_attn.k_scale` / `v_scale` as llm-compressor writes them, or the older
+`self_attn.k_proj.output_scale` / `v_proj.output_scale` and the other names vLLM maps:
+weight_utils.kv_scale_targets) or 1.0.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -152,10 +153,13 @@ def load_params(
     arrived: dict[str, set[str | int]] = {}
     loaded: set[str] = set()
     for name, tensor in weights:
+        scale_targets = kv_scale_targets(name, params)
+        if scale_targets:
+            for target in scale_targets:
+                params[target].data.fill_(_one_value(name, tensor))
+                loaded.add(target)
+            continue
         target, shard_id = _resolve(name, stacked)
-        if target.endswith((".k_scale", ".v_scale")) and target not in params:
-            # llm-compressor names KV cache scales self_attn.k_scale; ours sit on self_attn.attn.
-            target = f"{target[:-8]}.attn{target[-8:]}"
         param = params.get(target)
         if param is None:
             logger.debug("Skipping checkpoint tensor %s: the model has no such parameter", name)
@@ -176,6 +180,43 @@ def load_params(
         if arrived[target] >= set(param.shard_ids):  # type: ignore[attr-defined]
             loaded.add(target)
     return loaded
+
+
+# Checkpoint names of the per-tensor FP8 KV cache scales, as vLLM maps them (its
+# maybe_remap_kv_scale_name and compressed-tensors' get_cache_scale), to the attention layer's
+# `<prefix>.attn.{k,v}_scale`: llm-compressor's `self_attn.k_scale` (newer) and
+# `self_attn.k_proj.output_scale` (older), ModelOpt's `self_attn.k_proj.k_scale`, fused
+# `self_attn.qkv_proj.k_scale`, and the deprecated single `self_attn.kv_scale` (both scales).
+_KV_SCALE_NAMES = (
+    re.compile(r"^(?P<prefix>.*)\.(?P<kv>[kv])_proj\.output_scale$"),
+    re.compile(r"^(?P<prefix>.*)\.(?:[kv]|qkv)_proj\.(?P<kv>[kv])_scale$"),
+    re.compile(r"^(?P<prefix>.*)\.(?P<kv>kv|k|v)_scale$"),
+)
+
+
+def kv_scale_targets(name: str, params: Mapping[str, nn.Parameter]) -> list[str]:
+    """The attention scale parameters a checkpoint KV-scale tensor loads into ([] if `name` is
+    not one, or the model has no such parameter: e.g. q_proj.output_scale, which folio has no
+    use for)."""
+    for pattern in _KV_SCALE_NAMES:
+        match = pattern.match(name)
+        if match is None:
+            continue
+        prefix = match["prefix"]
+        kinds = ("k", "v") if match["kv"] == "kv" else (match["kv"],)
+        for attn in (f"{prefix}.attn", prefix):  # the layer's Attention module, or the layer itself
+            targets = [f"{attn}.{kind}_scale" for kind in kinds]
+            if all(t in params for t in targets):
+                return targets
+    return []
+
+
+def _one_value(name: str, tensor: torch.Tensor | CheckpointSlice) -> float:
+    """A per-tensor scale, saved as shape () or (1,)."""
+    if tensor.numel() != 1:
+        raise ValueError(f"Checkpoint tensor {name} is a KV cache scale of shape {tuple(tensor.shape)}; "
+                         "folio takes one per-tensor scale per layer.")
+    return float(as_tensor(tensor).reshape(()))
 
 
 def missing_params(model: nn.Module, loaded: set[str]) -> list[str]:

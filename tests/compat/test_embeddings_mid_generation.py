@@ -1,6 +1,6 @@
 """Embeddings computed between the steps of running generations: the running requests' tokens
-are unchanged (the pooler's KV blocks are its own) and, with LoRA, the pooled forward runs the
-base model, not the last step's per-token adapter slots."""
+are unchanged (the pooler borrows only free KV blocks, given back before the next step) and,
+with LoRA, the pooled forward runs the base model, not the last step's per-token adapter slots."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ neither; docs/vllm-compat.md is current."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -50,6 +51,36 @@ def test_every_engine_argument_is_in_the_table_or_folio_own():
 def test_unknown_argument_is_a_type_error_naming_it():
     with pytest.raises(TypeError, match="no_such_arg"):
         EngineArgs.from_kwargs(no_such_arg=1)
+
+
+def test_engine_args_constructed_directly_takes_vllm_names_like_llm():
+    """EngineArgs(...) (the dataclass itself, as vLLM users build it) checks vLLM-only names
+    against the table as LLM(...) does, instead of a bare TypeError from __init__."""
+    args = EngineArgs(model="m", trust_remote_code=True, disable_log_stats=True, tokenizer_mode="auto",
+                      seed=None, served_model_name=["a"], max_num_seqs=8)
+    assert (args.model, args.seed, args.served_model_name, args.max_num_seqs) == ("m", 0, "a", 8)
+    assert "trust_remote_code" not in vars(args)  # checked, not stored
+    with pytest.raises(ValueError, match="pipeline_parallel_size=2"):
+        EngineArgs(pipeline_parallel_size=2)
+    with pytest.raises(ValueError, match="revision='main'"):
+        EngineArgs("org/name", revision="main")  # the check sees a positional model too
+    # Dataclass semantics stay: fields(), vars(), replace() (which goes through __init__).
+    assert {f.name for f in dataclasses.fields(args)} == FIELDS == set(vars(args))
+    changed = dataclasses.replace(args, max_num_seqs=4)
+    assert (changed.max_num_seqs, changed.served_model_name, changed.model) == (4, "a", "m")
+    assert EngineArgs("m") == EngineArgs(model="m")
+    with pytest.raises(ValueError, match="kv_transfer_config"):
+        dataclasses.replace(args, kv_transfer_config={"kv_connector": "x"})
+
+
+def test_unknown_engine_argument_is_a_value_error_naming_it_and_the_nearest_name():
+    for make in (EngineArgs, EngineArgs.from_kwargs):
+        with pytest.raises(ValueError, match=r"'max_num_seq' \(did you mean 'max_num_seqs'\?\)") as caught:
+            make(max_num_seq=4)
+        assert isinstance(caught.value, TypeError)  # what vLLM raises for an unknown keyword
+    with pytest.raises(ValueError, match="'zzz_qqq'") as caught:
+        EngineArgs(zzz_qqq=1)
+    assert "did you mean" not in str(caught.value)
 
 
 @pytest.mark.parametrize("row", [r for r in VLLM_ARGS if effective_status(r, FIELDS) is Status.HONOURED],

@@ -26,17 +26,30 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def _with_kv_scales(src: str, dst: str, k_scale: float, v_scale: float) -> str:
-    """A copy of src whose layers carry llm-compressor's self_attn.k_scale / v_scale tensors."""
+# Checkpoint names of layer 0's KV scales: llm-compressor's newer and older layouts (the older
+# as shape (1,) tensors), ModelOpt's, and the deprecated single kv_scale (k_scale only is used).
+KV_SCALE_NAMES = {
+    "new": ("self_attn.k_scale", "self_attn.v_scale"),
+    "output_scale": ("self_attn.k_proj.output_scale", "self_attn.v_proj.output_scale"),
+    "modelopt": ("self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale"),
+    "kv_scale": ("self_attn.kv_scale", None),
+}
+
+
+def _with_kv_scales(src: str, dst: str, k_scale: float, v_scale: float, names: str = "new") -> str:
+    """A copy of src whose layers carry KV cache scales under KV_SCALE_NAMES[names]."""
+    k_name, v_name = KV_SCALE_NAMES[names]
     os.makedirs(dst)
     for name in os.listdir(src):
         if name != "model.safetensors":
             with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
                 g.write(f.read())
     tensors = load_file(os.path.join(src, "model.safetensors"))
+    shape = (1,) if names == "output_scale" else ()
     for layer in range(2):
-        tensors[f"model.layers.{layer}.self_attn.k_scale"] = torch.tensor(k_scale)
-        tensors[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(v_scale)
+        tensors[f"model.layers.{layer}.{k_name}"] = torch.full(shape, k_scale)
+        if v_name is not None:
+            tensors[f"model.layers.{layer}.{v_name}"] = torch.full(shape, v_scale)
     save_file(tensors, os.path.join(dst, "model.safetensors"))
     return dst
 
@@ -118,3 +131,25 @@ def _run_schedule(model, schedule) -> torch.Tensor:
     attn = model.attention_layers()[0]
     kv = PagedKV(model, attn.num_kv_heads, attn.head_dim, blocks_needed([len(PROMPT)], 16), 16)
     return run_schedule(kv, schedule)[0]
+
+
+@pytest.mark.parametrize("names", ["output_scale", "modelopt", "kv_scale"])
+def test_older_kv_scale_names_load_like_the_new_ones(checkpoint, tmp_path, names):
+    """Older llm-compressor / vLLM checkpoints name the scales k_proj.output_scale (shape (1,)),
+    ModelOpt's k_proj.k_scale, a deprecated one kv_scale (both scales): vLLM maps them all to the
+    attention layer, and so must folio, or an FP8 cache silently runs with scales of 1.0."""
+    k_scale, v_scale = 4 / 448, 2 / 448
+    if names == "kv_scale":
+        v_scale = k_scale
+    old = _with_kv_scales(checkpoint, str(tmp_path / names), k_scale, v_scale, names)
+    new = _with_kv_scales(checkpoint, str(tmp_path / "new"), k_scale, v_scale)
+    for layer in load_folio(old).attention_layers():
+        assert (layer.k_scale_value, layer.v_scale_value) == (pytest.approx(k_scale), pytest.approx(v_scale))
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+    outputs = {}
+    for path in (old, new):
+        llm = LLM(model=path, dtype="float32", device="cpu", kv_cache_dtype="fp8", max_model_len=128,
+                  enable_prefix_caching=False)
+        (out,) = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)
+        outputs[path] = (out.outputs[0].token_ids, out.outputs[0].cumulative_logprob)
+    assert outputs[old] == outputs[new]
