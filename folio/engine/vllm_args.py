@@ -185,7 +185,7 @@ VLLM_ARGS: tuple[VllmArg, ...] = (
     _pending("kv_cache_dtype", "CacheConfig", "quant", ("auto",), "fp8", cli={"type": str, "default": "auto"}),
     _error("cpu_offload_gb", "CacheConfig", (0, 0.0), 4, "weights stay on the device",
            cli={"type": float, "default": 0}),
-    _noop("calculate_kv_scales", "CacheConfig", "no FP8 KV scales to calculate", accepted=(False,), bad=True, cli=_BOOL),
+    _noop("calculate_kv_scales", "CacheConfig", "FP8 KV scales come from the checkpoint (1.0 without one); folio does not calculate them", accepted=(False,), bad=True, cli=_BOOL),
     _error("kv_cache_memory_bytes", "CacheConfig", (None,), 2**30,
            "size the KV cache with gpu_memory_utilization or num_gpu_blocks_override", cli={"type": int, "default": None}),
     _noop("mm_processor_cache_gb", "CacheConfig", "text only: nothing to cache", cli={"type": float, "default": 4}),
