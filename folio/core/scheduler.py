@@ -10,6 +10,10 @@ One step, as the engine drives it:
     runner_out = runner.execute_model(out)           # forward + sample
     core_outs = scheduler.update_from_output(out, runner_out)   # append tokens, stop checks
 
+Scheduler's methods live in three modules: this one (requests in and out, the step, running
+requests, preemption, state), core/waiting_admission.py (admitting waiting requests) and
+core/step_results.py (update_from_output).
+
 A request admitted from the waiting queue first takes whatever K/V it can share instead of
 computing it (core/admission.py): its parent's prompt blocks, the longest cached prefix, or its
 own blocks back from the CPU.
@@ -46,22 +50,21 @@ from collections import deque
 from collections.abc import Iterable
 
 from folio.config.scheduler import SchedulerConfig
-from folio.core.admission import allocate_admission, plan_admission, why_not_admitted
 from folio.core.kv_cache_manager import KVCacheManager
-from folio.core.preemption import newcomer_victim, pop_victim, should_swap
+from folio.core.preemption import pop_victim, should_swap
 from folio.core.kv_waste import KVWasteMeter
-from folio.core.lora_slots import LoRASlots
-from folio.core.outputs import EngineCoreOutput, ModelRunnerOutput
 from folio.core.request import Request, RequestStatus
 from folio.core.request_queue import make_request_queue
 from folio.core.schedule_step import ScheduleStep
 from folio.core.spec_decode_stats import SpecDecodeStats
-from folio.core.speculation import lookahead_slots, max_drafts, settle_drafts
-from folio.core.stop_conditions import check_stop, reaches_length_cap
+from folio.core.speculation import lookahead_slots, max_drafts
+from folio.core.step_results import StepResults
+from folio.core.stop_conditions import reaches_length_cap
 from folio.core.scheduler_output import SchedulerOutput
+from folio.core.waiting_admission import WaitingAdmission
 
 
-class Scheduler:
+class Scheduler(WaitingAdmission, StepResults):
     def __init__(
         self,
         scheduler_config: SchedulerConfig,
@@ -249,79 +252,6 @@ class Scheduler:
             num_new = self._num_new_tokens(request, step.budget)
         return num_new
 
-    def _schedule_waiting(self, step: ScheduleStep) -> None:
-        """Admit waiting requests in queue order while budget, max_num_seqs and blocks allow.
-
-        Head of line: the first request that cannot be admitted stops admission, so smaller
-        requests behind it never starve it. Without chunked prefill a request is admitted only
-        with all its tokens. A newcomer short of a seat or of blocks may preempt a paused beam
-        (it makes no progress while it waits for its beam search, and it may be waiting for
-        this very newcomer), and under the priority policy a running request that ranks
-        strictly after it (see core/preemption.py); admission then stops after that newcomer,
-        since memory is short.
-        """
-        slots, held = LoRASlots(self.max_loras, self.running), []
-        while self.waiting and step.budget > 0:
-            num_preempted = len(step.preempted)
-            request = self.waiting.peek()
-            if not slots.fits(request):  # its adapter has no slot this step: try the next
-                held.append(self.waiting.pop())
-                continue
-            if len(self.running) >= self.config.max_num_seqs and not self._park_a_paused_beam(request, step):
-                self._note_wait("max_num_seqs")
-                break
-            num_new = self._allocate_for_newcomer(request, step)
-            if num_new == 0:
-                break
-            admitted = self.waiting.pop()
-            assert admitted is request  # victims rank strictly after it, so it is still first
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            step.add(request, num_new, self.kv_cache_manager.get_block_ids(request.request_id))
-            slots.admit(request)
-            if len(step.preempted) > num_preempted:
-                break  # the next head waits: "preempting"
-        for request in reversed(held):
-            self.waiting.prepend(request)  # back in their places at the front
-        if held:
-            self.head_wait = (held[0].request_id, "lora_slot")
-
-    def _note_wait(self, reason: str) -> None:
-        self.head_wait = (self.waiting.peek().request_id, reason)
-
-    def _park_a_paused_beam(self, newcomer: Request, step: ScheduleStep) -> bool:
-        """Free a seat for the newcomer by parking the newest paused beam, if it could start."""
-        paused = [r for r in self.running if r.paused]
-        if not paused or plan_admission(self.kv_cache_manager, self.config, newcomer, step) is None:
-            return False
-        self.running.remove(paused[-1])
-        self._preempt(paused[-1], step)
-        return True
-
-    def _allocate_for_newcomer(self, request: Request, step: ScheduleStep) -> int:
-        """Allocate blocks for a waiting request's first tokens; how many it gets, 0 to wait.
-
-        Under the priority policy it may preempt running requests that rank strictly after it,
-        worst first, until its blocks fit. Strictness means two requests can never take
-        blocks from each other in turn.
-        """
-        while True:
-            admission = plan_admission(self.kv_cache_manager, self.config, request, step)
-            if admission is None:
-                self._note_wait(why_not_admitted(self.kv_cache_manager, request, step))
-                return 0
-            if allocate_admission(self.kv_cache_manager, request, admission):
-                step.admitted.add(request.request_id)
-                return admission.num_new_tokens
-            victim = newcomer_victim(
-                self.config.policy, self.running, request, self.kv_cache_manager.providers
-            )
-            if victim is None:
-                self._note_wait("no_blocks")
-                return 0
-            self.running.remove(victim)
-            self._preempt(victim, step)  # an unscheduled victim gives budget back: count again
-
     def _preempt(self, victim: Request, step: ScheduleStep) -> None:
         """Free the victim's device blocks by swap or recompute (core/preemption.py: the rule).
 
@@ -356,69 +286,6 @@ class Scheduler:
         if remaining == 1 and request.spec_token_ids:
             remaining += max_drafts(request, self.config.max_model_len)  # ScheduleStep.add takes them
         return max(0, min(remaining, budget))
-
-    # ---- results ----------------------------------------------------------------------------
-    def update_from_output(
-        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
-    ) -> list[EngineCoreOutput]:
-        """Append sampled tokens, apply stop checks, free finished requests.
-
-        One EngineCoreOutput per request that got tokens or prompt log-probs or finished.
-        """
-        scheduled = scheduler_output.scheduled
-        if runner_output.req_ids != [s.request_id for s in scheduled]:
-            raise ValueError("ModelRunnerOutput does not match the SchedulerOutput it answers.")
-        self.kv_cache_manager.end_step()
-        logprobs = runner_output.logprobs or [None] * len(scheduled)
-        drafts = runner_output.spec_token_ids
-        outputs = []
-        for sched_index, (sched, token_ids, token_logprobs) in enumerate(
-            zip(scheduled, runner_output.sampled_token_ids, logprobs)
-        ):
-            request = sched.request
-            request.num_output_placeholders -= sched.samples
-            if request.is_finished:  # aborted or stopped after schedule(): results are dropped
-                continue
-            if sched.spec_token_ids or self.num_lookahead_tokens:
-                settle_drafts(self.kv_cache_manager, self.spec_stats, sched, len(token_ids))
-            if drafts is not None:
-                request.spec_token_ids = drafts[sched_index]
-            new_token_ids, status = self._append_tokens(request, token_ids)
-            prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
-            if status is not None:
-                self._finish(request, status)
-            elif new_token_ids and request.pause_after_sample:
-                request.paused = True  # until its beam search forks or finishes it
-            if new_token_ids or prompt_logprobs is not None or status is not None:
-                if token_logprobs is not None:
-                    token_logprobs = token_logprobs[: len(new_token_ids)]
-                outputs.append(
-                    EngineCoreOutput(
-                        request_id=request.request_id,
-                        new_token_ids=new_token_ids,
-                        new_logprobs=token_logprobs,
-                        new_prompt_logprobs=prompt_logprobs,
-                        finish_reason=request.status.finish_reason,
-                        stop_reason=request.stop_reason,
-                        num_cached_tokens=request.num_cached_tokens,
-                    )
-                )
-        return outputs
-
-    def _append_tokens(
-        self, request: Request, token_ids: list[int]
-    ) -> tuple[list[int], RequestStatus | None]:
-        """Append tokens one by one; tokens after one that stops the request are dropped."""
-        for i, token_id in enumerate(token_ids):
-            if request.grammar is not None and not request.grammar.accept_token(token_id):
-                # The mask allowed no token the grammar accepts (e.g. min_tokens banned the
-                # only way to end): keep the output valid, end it before this token.
-                return list(token_ids[:i]), RequestStatus.FINISHED_STOPPED
-            request.append_output_token_ids([token_id])
-            status = check_stop(request, self.config.max_model_len)
-            if status is not None:
-                return list(token_ids[: i + 1]), status
-        return list(token_ids), None
 
     # ---- state ------------------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:

@@ -11,9 +11,9 @@ the event loop never call into it. The two sides meet in two places only:
   the requests whose processing failed, and the engine's stats (Stepped).
 
 So an HTTP handler waits at most one step for its request to be accepted, and a slow client
-never holds the engine: its outputs pile up in its RequestStream and are merged into one when
-it next reads (DELTA outputs concatenate). Metrics are recorded here, on the event loop, from
-the messages.
+never holds the engine: its outputs pile up in its RequestStream (engine/request_stream.py) and
+are merged into one when it next reads (DELTA outputs concatenate). Metrics are recorded here,
+on the event loop, from the messages.
 
 Failure: an invalid request (or one whose output processing raised) fails alone; if the loop
 dies (an exception from step(), or the engine process exits), every request in flight fails
@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 from folio.engine.arg_utils import EngineArgs
@@ -47,11 +45,12 @@ from folio.engine.engine_loop import (
 from folio.engine.input_processor import PromptType
 from folio.engine.llm_engine import EngineStats, LLMEngine
 from folio.engine.metrics import EngineMetrics
+from folio.engine.request_stream import RequestStream, merge_outputs  # noqa: F401  (merge_outputs: re-exported)
 from folio.engine.state_history import StateHistory
 from folio.engine.state_reads import StateReads
 from folio.logger import init_logger
 from folio.lora.request import LoRARequest
-from folio.outputs import CompletionOutput, RequestOutput
+from folio.outputs import RequestOutput
 from folio.sampling_params import SamplingParams
 
 logger = init_logger(__name__)
@@ -358,86 +357,3 @@ class AsyncLLM:
         for stream in self._streams.values():
             stream.put(error)
         self._streams.clear()
-
-
-class RequestStream:
-    """One request's outputs, in order. Iterate it; outputs that queued up arrive merged.
-
-    Lives on the event loop. `abort()` (or leaving an `async with` early) tells the engine to
-    drop the request and free its KV blocks.
-    """
-
-    def __init__(self, request_id: str, on_abort) -> None:
-        self.request_id = request_id
-        self.finished = False
-        self._items: deque[RequestOutput | BaseException] = deque()
-        self._ready = asyncio.Event()
-        self._on_abort = on_abort
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        self._items.append(item)
-        self._ready.set()
-
-    def abort(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self._on_abort(self.request_id)
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        self.abort()
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished and not self._items:
-            raise StopAsyncIteration
-        while not self._items:
-            self._ready.clear()
-            await self._ready.wait()
-        items = list(self._items)
-        self._items.clear()
-        for item in items:
-            if isinstance(item, BaseException):
-                self.finished = True
-                raise item
-        output = merge_outputs(items)
-        if output.finished:
-            self.finished = True
-        return output
-
-
-def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
-    """Fold consecutive DELTA outputs of one request into one (FINAL_ONLY has only one)."""
-    if len(outputs) == 1:
-        return outputs[0]
-    by_index: dict[int, CompletionOutput] = {}
-    for output in outputs:
-        for c in output.outputs:
-            seen = by_index.get(c.index)
-            by_index[c.index] = c if seen is None else _concat(seen, c)
-    return replace(
-        outputs[-1],
-        outputs=[by_index[i] for i in sorted(by_index)],
-        num_cached_tokens=max(o.num_cached_tokens for o in outputs),
-        # An engine process sends prompt log-probs once, with the first output that has tokens.
-        prompt_logprobs=next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None),
-    )
-
-
-def _concat(a: CompletionOutput, b: CompletionOutput) -> CompletionOutput:
-    logprobs = None
-    if a.logprobs is not None or b.logprobs is not None:
-        logprobs = (a.logprobs or []) + (b.logprobs or [])
-    return CompletionOutput(
-        index=a.index,
-        text=a.text + b.text,
-        token_ids=a.token_ids + b.token_ids,
-        cumulative_logprob=b.cumulative_logprob,
-        logprobs=logprobs,
-        finish_reason=b.finish_reason,
-        stop_reason=b.stop_reason,
-    )

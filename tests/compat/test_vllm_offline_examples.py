@@ -1,22 +1,16 @@
-"""vLLM's documented examples, run against folio with only the import (and the model) changed.
+"""vLLM's documented offline examples, run against folio with only the import (and the model) changed.
 
 Each EXAMPLE follows the code of vLLM's examples (offline_inference/basic/{basic,generate,chat,
-embed}.py, offline_inference/llm_engine_example.py, online_serving/openai_{completion,chat_completion,embedding}_client.py), trimmed to
-their API calls (argument parsing of the scripts themselves left out, max tokens small). Run
-here with `from vllm import` -> `from folio import` (vllm.utils' FlexibleArgumentParser ->
-argparse's), the model name -> the tiny test checkpoint on the CPU, the server address -> the
-test server's; the test checks what each printed or built.
+embed}.py, offline_inference/llm_engine_example.py), trimmed to their API calls (argument
+parsing of the scripts themselves left out, max tokens small). Run here through
+tests/helpers/vllm_examples.py (folio imported in vllm's place, the tiny test checkpoint on the
+CPU); the test checks what each printed or built. The OpenAI client examples are in
+test_vllm_client_examples.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import textwrap
-
-import pytest
-
-from tests.server.harness import ServerThread, make_engine
+from tests.helpers.vllm_examples import run_example
 
 BASIC = '''
 from vllm import LLM, SamplingParams
@@ -253,151 +247,6 @@ for prompt, output in zip(prompts, outputs):
     print("-" * 60)
 '''
 
-COMPLETION_CLIENT = '''
-from openai import OpenAI
-
-# Modify OpenAI's API key and API base to use vLLM's API server.
-openai_api_key = "EMPTY"
-openai_api_base = "http://localhost:8000/v1"
-
-
-def main():
-    client = OpenAI(
-        # defaults to os.environ.get("OPENAI_API_KEY")
-        api_key=openai_api_key,
-        base_url=openai_api_base,
-    )
-
-    models = client.models.list()
-    model = models.data[0].id
-
-    # Completion API
-    stream = False
-    completion = client.completions.create(
-        model=model,
-        prompt="A robot may not injure a human being",
-        echo=False,
-        n=2,
-        stream=stream,
-        logprobs=3,
-    )
-
-    print("-" * 50)
-    print("Completion results:")
-    if stream:
-        for c in completion:
-            print(c)
-    else:
-        print(completion)
-    print("-" * 50)
-    return completion
-
-
-completion = main()
-'''
-
-CHAT_CLIENT = '''
-from openai import OpenAI
-
-# Modify OpenAI's API key and API base to use vLLM's API server.
-openai_api_key = "EMPTY"
-openai_api_base = "http://localhost:8000/v1"
-
-messages = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "Who won the world series in 2020?"},
-    {"role": "assistant", "content": "The Los Angeles Dodgers won the World Series in 2020."},
-    {"role": "user", "content": "Where was it played?"},
-]
-
-
-def main(stream):
-    client = OpenAI(
-        # defaults to os.environ.get("OPENAI_API_KEY")
-        api_key=openai_api_key,
-        base_url=openai_api_base,
-    )
-
-    models = client.models.list()
-    model = models.data[0].id
-
-    chat_completion = client.chat.completions.create(
-        messages=messages,
-        model=model,
-        stream=stream,
-        max_completion_tokens=16,
-    )
-
-    print("-" * 50)
-    print("Chat completion results:")
-    if stream:
-        for c in chat_completion:
-            print(c.choices[0].delta.content or "", end="")
-        print()
-    else:
-        print(chat_completion)
-    print("-" * 50)
-    return chat_completion
-
-
-chat_completion = main(stream=False)
-streamed = main(stream=True)
-'''
-
-EMBEDDING_CLIENT = '''
-from openai import OpenAI
-
-# Modify OpenAI's API key and API base to use vLLM's API server.
-openai_api_key = "EMPTY"
-openai_api_base = "http://localhost:8000/v1"
-
-
-def main():
-    client = OpenAI(
-        # defaults to os.environ.get("OPENAI_API_KEY")
-        api_key=openai_api_key,
-        base_url=openai_api_base,
-    )
-
-    models = client.models.list()
-    model = models.data[0].id
-
-    responses = client.embeddings.create(
-        # ruff: noqa: E501
-        input=[
-            "Hello my name is",
-            "The best thing about vLLM is that it supports many different models",
-        ],
-        model=model,
-    )
-
-    for data in responses.data:
-        print(data.embedding)  # List of float of len 4096
-    return responses
-
-
-responses = main()
-'''
-
-
-def run_example(source: str, model: str, base_url: str | None = None) -> tuple[dict, str]:
-    """Execute the example with folio imported in vllm's place; returns its globals and stdout."""
-    code = textwrap.dedent(source)
-    code = code.replace("from vllm import", "from folio import")
-    code = code.replace("from vllm.utils import FlexibleArgumentParser",
-                        "from argparse import ArgumentParser as FlexibleArgumentParser")
-    for name in ("facebook/opt-125m", "meta-llama/Llama-3.2-1B-Instruct", "intfloat/e5-small"):
-        code = code.replace(f'model="{name}"', f'model="{model}", device="cpu", max_model_len=128')
-        code = code.replace(f'parser.set_defaults(model="{model}", device="cpu", max_model_len=128)',
-                            f'parser.set_defaults(model="{model}")')
-    if base_url is not None:
-        code = code.replace('"http://localhost:8000/v1"', f'"{base_url}"')
-    scope: dict = {"__name__": "example"}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, "<vllm example>", "exec"), scope)  # noqa: S102 - our own test text
-    return scope, out.getvalue()
-
 
 def test_offline_basic(tiny_model):
     _, printed = run_example(BASIC, tiny_model)
@@ -425,27 +274,3 @@ def test_offline_embed(tiny_model):
     scope, printed = run_example(EMBED, tiny_model)
     assert printed.count("Embeddings: ") == 4
     assert all(len(o.outputs.embedding) == scope["llm"].llm_engine.config.model.hidden_size for o in scope["outputs"])
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model):
-    with ServerThread(make_engine(tiny_model)) as running:
-        yield running
-
-
-def test_openai_completion_client(server, tiny_model):
-    scope, _ = run_example(COMPLETION_CLIENT, tiny_model, server.base_url)
-    completion = scope["completion"]
-    assert len(completion.choices) == 2
-    assert all(len(c.logprobs.top_logprobs[0]) >= 3 for c in completion.choices)
-
-
-def test_openai_chat_client_plain_and_streaming(server, tiny_model):
-    scope, printed = run_example(CHAT_CLIENT, tiny_model, server.base_url)
-    assert scope["chat_completion"].choices[0].message.role == "assistant"
-    assert printed.count("Chat completion results:") == 2
-
-
-def test_openai_embedding_client(server, tiny_model):
-    scope, _ = run_example(EMBEDDING_CLIENT, tiny_model, server.base_url)
-    assert len(scope["responses"].data) == 2

@@ -1,0 +1,98 @@
+"""RequestStream: one request's outputs on the server's event loop, merged when they queue up.
+
+AsyncLLM (engine/async_llm.py) puts each of a request's RequestOutputs (or the error that ends
+it) into its stream; a handler that reads slower than the engine steps gets the outputs that
+piled up as one (merge_outputs: DELTA outputs concatenate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import replace
+from typing import Any
+
+from folio.outputs import CompletionOutput, RequestOutput
+
+
+class RequestStream:
+    """One request's outputs, in order. Iterate it; outputs that queued up arrive merged.
+
+    Lives on the event loop. `abort()` (or leaving an `async with` early) tells the engine to
+    drop the request and free its KV blocks.
+    """
+
+    def __init__(self, request_id: str, on_abort) -> None:
+        self.request_id = request_id
+        self.finished = False
+        self._items: deque[RequestOutput | BaseException] = deque()
+        self._ready = asyncio.Event()
+        self._on_abort = on_abort
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._items.append(item)
+        self._ready.set()
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._on_abort(self.request_id)
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self.abort()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished and not self._items:
+            raise StopAsyncIteration
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        items = list(self._items)
+        self._items.clear()
+        for item in items:
+            if isinstance(item, BaseException):
+                self.finished = True
+                raise item
+        output = merge_outputs(items)
+        if output.finished:
+            self.finished = True
+        return output
+
+
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """Fold consecutive DELTA outputs of one request into one (FINAL_ONLY has only one)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    by_index: dict[int, CompletionOutput] = {}
+    for output in outputs:
+        for c in output.outputs:
+            seen = by_index.get(c.index)
+            by_index[c.index] = c if seen is None else _concat(seen, c)
+    return replace(
+        outputs[-1],
+        outputs=[by_index[i] for i in sorted(by_index)],
+        num_cached_tokens=max(o.num_cached_tokens for o in outputs),
+        # An engine process sends prompt log-probs once, with the first output that has tokens.
+        prompt_logprobs=next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None),
+    )
+
+
+def _concat(a: CompletionOutput, b: CompletionOutput) -> CompletionOutput:
+    logprobs = None
+    if a.logprobs is not None or b.logprobs is not None:
+        logprobs = (a.logprobs or []) + (b.logprobs or [])
+    return CompletionOutput(
+        index=a.index,
+        text=a.text + b.text,
+        token_ids=a.token_ids + b.token_ids,
+        cumulative_logprob=b.cumulative_logprob,
+        logprobs=logprobs,
+        finish_reason=b.finish_reason,
+        stop_reason=b.stop_reason,
+    )
