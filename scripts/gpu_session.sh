@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured quant kernels-quant spec-pair spec lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant spec-pair spec lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -59,6 +59,12 @@ perf-tests) part perf-tests
 kernels-prefill) part kernels-prefill  # prefill kernel vs unified, and its tile sweep
   mkdir -p "$OUT/kprefill"; timeout 240 python3 -m folio.kernels.benchmark --only prefill --sweep \
     --out "$OUT/kprefill" 2>&1 | tail -56 ;;
+w1-tokenizer) part w1-tokenizer  # W1 Qwen3-0.6B with a 151,936-token tokenizer (detokenizing) vs without
+  python3 -c "from folio.benchmarks.bench_tokenizer import build_bench_tokenizer as b; b(151936).save_pretrained('/tmp/bench-tok')"
+  for TOK in "" "--tokenizer /tmp/bench-tok"; do
+    timeout 200 python3 -m folio bench throughput --model $QWEN $COMMON --workload w1 $TOK --no-progress \
+      --json "$OUT/w1-qwen3-0.6b${TOK:+-tokenizer}.json" 2>&1 | grep -E "^folio |wrote"
+  done ;;
 kernels-quant) part kernels-quant  # issue 13: W4A16 / FP8 GEMMs at the 8B's shapes, W4A16 small-M config sweep
   mkdir -p "$OUT/kquant"; timeout 400 python3 -m folio.kernels.benchmark --only quant --sweep --out "$OUT/kquant" 2>&1 | tail -120 ;;
 kernels-sampling) part kernels-sampling  # fused Gumbel-max draw vs the torch race

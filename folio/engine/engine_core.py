@@ -32,6 +32,7 @@ from folio.engine.engine_loop import (
     Stepped,
     Stopped,
 )
+from folio.engine.startup_heap import freeze_startup_heap
 from folio.logger import init_logger
 from folio.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from folio.sampling_params import SamplingParams
@@ -244,6 +245,7 @@ def run_engine_process(make_engine: Callable[[], LLMEngine], conn: Any) -> None:
         conn.send(Died(f"The engine failed to start: {e}"))
         return
     engine.isolate_request_errors()
+    freeze_startup_heap("Engine process")
     conn.send(Ready(engine.config.model, engine.get_tokenizer() is not None,
                     engine.default_sampling_params(), engine.stats()))
     EngineLoop(engine, _pipe_take(conn), _pipe_emit(conn)).run()

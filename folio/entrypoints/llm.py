@@ -13,6 +13,7 @@ from folio.engine.arg_utils import EngineArgs
 from folio.engine.beam_search import BeamSearchOutput, BeamSearchParams, to_beam_search_output
 from folio.engine.input_processor import PromptType
 from folio.engine.llm_engine import LLMEngine
+from folio.engine.startup_heap import frozen_heap_while_running
 from folio.lora.request import LoRARequest
 from folio.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from folio.pooling_params import PoolingParams
@@ -221,18 +222,19 @@ class LLM:
         bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
         start, prompt_tokens, output_tokens = time.perf_counter(), 0, 0
         try:
-            while len(finished) < len(wanted) and self.llm_engine.has_unfinished_requests():
-                for output in self.llm_engine.step():
-                    if output.finished and output.request_id in wanted:
-                        finished[output.request_id] = output
-                        prompt_tokens += len(output.prompt_token_ids)
-                        output_tokens += sum(len(c.token_ids) for c in output.outputs)
-                        bar.update(1)
-                        elapsed = max(time.perf_counter() - start, 1e-9)
-                        bar.set_postfix_str(
-                            f"input {prompt_tokens / elapsed:.0f} tok/s, output {output_tokens / elapsed:.0f} tok/s",
-                            refresh=False,
-                        )
+            with frozen_heap_while_running():  # no full scans of the start-up heap mid-run
+                while len(finished) < len(wanted) and self.llm_engine.has_unfinished_requests():
+                    for output in self.llm_engine.step():
+                        if output.finished and output.request_id in wanted:
+                            finished[output.request_id] = output
+                            prompt_tokens += len(output.prompt_token_ids)
+                            output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                            bar.update(1)
+                            elapsed = max(time.perf_counter() - start, 1e-9)
+                            bar.set_postfix_str(
+                                f"input {prompt_tokens / elapsed:.0f} tok/s, output {output_tokens / elapsed:.0f} tok/s",
+                                refresh=False,
+                            )
         except BaseException:
             self.llm_engine.abort_request([r for r in request_ids if r not in finished])
             raise

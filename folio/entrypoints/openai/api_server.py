@@ -33,6 +33,7 @@ from folio.entrypoints.openai.serving_chat import OpenAIServingChat
 from folio.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from folio.entrypoints.openai.serving_models import OpenAIServingModels
 from folio.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from folio.engine.startup_heap import freeze_startup_heap
 from folio.logger import init_logger
 from folio.transformers_utils.chat_template import resolve_chat_template
 from folio.version import __version__
@@ -167,6 +168,7 @@ def run_server(args: argparse.Namespace, core: EngineProcess | None = None) -> i
         logger.warning("Listening on %s without an API key: anyone who can reach it can use it.", host)
     scheme = "https" if config.frontend.ssl_certfile else "http"
     logger.info("Serving %r on " + scheme + "://%s:%d/v1", engine.model_config.served_model_name, host, port)
+    freeze_startup_heap("Server")
     with _signals_end_quietly():
         server.run(sockets=[sock])
     return 0
