@@ -25,8 +25,8 @@ def add_lora_delta(
     shard_sizes: list[int],
     shard_offsets: torch.Tensor,  # [shards + 1] int32 on the device
 ) -> torch.Tensor:
-    if not mapping.any_adapter and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return y  # a step of base-model tokens only (a graph capture must keep the launches)
+    if not mapping.any_adapter:
+        return y  # base-model tokens only, or a graph captured for such steps (prepare_capture)
     if use_triton_for(x):
         shrunk = lora_shrink_triton(x, lora_a, mapping.sorted_tokens, mapping.blocks)
         return lora_expand_triton(y, shrunk, lora_b, shard_offsets, mapping.sorted_tokens, mapping.blocks, shard_sizes)

@@ -170,6 +170,8 @@ class LoRAManager:
         finally:
             self.buffers.current = saved
 
-    def prepare_capture(self, padded_tokens: int) -> LoRAMapping:
-        """The mapping a CUDA graph is captured with: no adapters, kernels launched anyway."""
-        return self.buffers.write(np.empty(0, dtype=np.int64), padded_tokens, for_graph=True)
+    def prepare_capture(self, padded_tokens: int, with_kernels: bool = True) -> LoRAMapping:
+        """The mapping a CUDA graph is captured with: no adapters, and the kernels launched
+        anyway (with_kernels: the graph replayed for steps with adapters) or not at all (the
+        graph replayed for steps without any)."""
+        return self.buffers.write(np.empty(0, dtype=np.int64), padded_tokens, for_graph=with_kernels)

@@ -219,15 +219,14 @@ class ModelRunner(StepSampling):
         per_token_seqs = self._is_small_verify_step(scheduler_output)
         bucket = self._graph_bucket(scheduler_output, per_token_seqs)
         inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket, per_token_seqs=per_token_seqs)
-        if self.lora is not None:
-            self.lora.prepare_step(scheduled, inputs.input_ids.shape[0])
+        base_only = self.lora is None or not self.lora.prepare_step(scheduled, inputs.input_ids.shape[0]).any_adapter
         if inputs.placeholder_rows:
             request_ids = [scheduled[i].request_id for i in inputs.placeholder_batch_indices]
             self.last_sampled.fill(inputs.input_ids, inputs.placeholder_rows, request_ids)
         if self.leads_followers:
             step_broadcast.send_step_plan(inputs, bucket, scheduler_output, self.block_size, self.device)
         if bucket is not None and self.graphs is not None:
-            hidden = self.graphs.replay(bucket)  # [bucket, hidden]
+            hidden = self.graphs.replay(bucket, base_only)  # [bucket, hidden]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
         return StagedStep(scheduled, inputs, hidden, pending)

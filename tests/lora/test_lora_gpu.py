@@ -71,3 +71,20 @@ def test_bfloat16_adapters_act_under_graphs(case):
     tokens = _run(case, fast=True, dtype="bfloat16")
     base, small, wide = tokens[0], tokens[3], tokens[6]  # prompt 0 under each (ORDER)
     assert small != base and wide != base and small != wide
+
+
+def test_steps_without_adapters_replay_the_graphs_without_lora_kernels(case):
+    """An engine with LoRA on, running requests without adapters, replays the second set of
+    graphs (captured without the LoRA kernels) and gives the base model's tokens; a batch with
+    adapters still gets theirs."""
+    base, prompts, refs, adapters = case
+    llm = LLM(model=base, device="cuda", dtype="float32", num_gpu_blocks_override=256, max_num_seqs=16,
+              max_model_len=128, enable_lora=True, max_loras=2, max_lora_rank=16)
+    graphs = llm.llm_engine.runner.graphs
+    assert graphs is not None and set(graphs.base_graphs) == set(graphs.graphs)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    plain = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in plain] == refs["base"]
+    wide = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
+                        lora_request=adapters["wide"])
+    assert [o.outputs[0].token_ids for o in wide] == refs["wide"]
