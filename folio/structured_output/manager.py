@@ -16,6 +16,7 @@ blocks the step loop or the requests already running.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import copy
 import threading
 import time
 from collections import OrderedDict
@@ -80,7 +81,16 @@ class StructuredOutputManager:
         engine; guidance, under "auto", on the first spec xgrammar refuses)."""
         if self.tokenizer is None:
             raise SamplingParamsError("structured_outputs", "Structured outputs need a tokenizer; this engine has none.")
-        return self._start_backend(name).result()
+        future = self._start_backend(name)
+        error = future.exception()  # waits for the build
+        if error is not None:
+            # A copy per caller: raising the stored exception (future.result()) would add each
+            # caller's frames to its traceback, keeping every failed request's frames alive.
+            fresh = _fresh(error)
+            if fresh is error:
+                raise error
+            raise fresh from error
+        return future.result()
 
     def _start_backend(self, name: str) -> cf.Future[GrammarBackend]:
         with self._backends_lock:
@@ -187,6 +197,18 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A copy of error with no traceback yet; where it does not copy (an __init__ of other
+    arguments), error itself with its traceback cleared: it then holds one caller's frames."""
+    try:
+        fresh = copy.copy(error)
+    except Exception:  # noqa: BLE001 - any failure to copy: the fallback below
+        fresh = None
+    if type(fresh) is not type(error) or fresh is error or fresh.args != error.args:
+        return error.with_traceback(None)
+    return fresh.with_traceback(None)
 
 
 def _warn_if_failed(future: cf.Future[GrammarBackend]) -> None:
