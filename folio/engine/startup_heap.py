@@ -13,12 +13,15 @@ what is allocated later is collected as usual.
 - frozen_heap_while_running: around the offline step loop (LLM.generate), in the user's
   process: frozen on entry, unfrozen on exit (both O(1) list moves), so the user's own garbage
   is collected as before once generate returns, and `del llm; gc.collect()` frees the engine.
+  Overlapping loops (several threads) share one freeze, undone when the last ends; while any
+  runs, a gc.collect() elsewhere in the process does not free what was alive when it began.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Iterator
 
 from folio.logger import init_logger
@@ -26,6 +29,9 @@ from folio.logger import init_logger
 logger = init_logger(__name__)
 
 _process_frozen = False
+_runs_lock = threading.Lock()
+_runs = 0  # frozen_heap_while_running blocks under way, in all threads
+_froze_for_runs = False  # those blocks froze the heap: the last to end unfreezes it
 
 
 def freeze_startup_heap(what: str) -> int:
@@ -43,12 +49,23 @@ def freeze_startup_heap(what: str) -> int:
 @contextlib.contextmanager
 def frozen_heap_while_running() -> Iterator[None]:
     """Freeze the heap for the duration of the block, unless something else froze it already
-    (the process's owner, or an outer block), which is then left as it was."""
-    if _process_frozen or gc.get_freeze_count() > 0:
-        yield
-        return
-    gc.freeze()
+    (the process's owner, or the user), which is then left as it was. Blocks that overlap (nested,
+    or generate loops in several threads) share one freeze, undone when the last of them ends:
+    one thread's end must not unfreeze the heap under another's loop."""
+    global _runs, _froze_for_runs
+    entered = False
     try:
+        with _runs_lock:
+            if _runs == 0 and not _process_frozen and gc.get_freeze_count() == 0:
+                gc.freeze()
+                _froze_for_runs = True
+            _runs += 1
+            entered = True
         yield
     finally:
-        gc.unfreeze()
+        if entered:
+            with _runs_lock:
+                _runs -= 1
+                if _runs == 0 and _froze_for_runs:
+                    _froze_for_runs = False
+                    gc.unfreeze()

@@ -51,3 +51,34 @@ def test_a_process_frozen_at_start_stays_frozen(llm, monkeypatch):
         assert counts and gc.get_freeze_count() > 0.9 * frozen
     finally:
         gc.unfreeze()
+
+
+def test_overlapping_runs_keep_the_heap_frozen_until_the_last_ends():
+    """Two threads' generate loops (two LLMs in one process): the first to finish used to
+    unfreeze the heap under the other, whose loop then ran with full scans of it again."""
+    import threading
+
+    assert gc.get_freeze_count() == 0
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, int] = {}
+
+    def run_a():
+        with startup_heap.frozen_heap_while_running():
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def run_b():
+        a_in.wait(10)
+        with startup_heap.frozen_heap_while_running():
+            b_in.set()
+            a_out.wait(10)
+            seen["b after a"] = gc.get_freeze_count()
+
+    threads = [threading.Thread(target=run_a), threading.Thread(target=run_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen["b after a"] > 0  # still frozen for b's loop
+    assert gc.get_freeze_count() == 0  # and unfrozen once both ended
