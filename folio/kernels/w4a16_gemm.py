@@ -101,8 +101,10 @@ def _sum_splits_kernel(
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < total
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLIT_K):
-        acc += tl.load(part_ptr + s * total + offs, mask=mask, other=0.0)
+    ptrs = part_ptr + offs  # int64 offsets; stepped by total, never multiplied (no int32 overflow)
+    for _ in range(SPLIT_K):
+        acc += tl.load(ptrs, mask=mask, other=0.0)
+        ptrs += total
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
