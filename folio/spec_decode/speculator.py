@@ -76,24 +76,32 @@ class Speculator:
         emitted: dict[int, list[int]],
     ) -> list[list[int]]:
         """Drafts for every scheduled request, [] for those that get none."""
-        if self._pause_for(len(emitted)):
+        drafting = sum(1 for i in emitted if scheduled[i].request.can_speculate)
+        if self._pause_for(len(emitted), drafting):
             # A draft model's K/V of this batch is still written: later steps may draft again.
             emitted = {}
         drafts = self.proposer.propose(ProposalBatch(scheduled, inputs, hidden, emitted))
         return [drafts.get(i, []) for i in range(len(scheduled))]
 
-    def _pause_for(self, batch_size: int) -> bool:
-        """No drafts for this batch: the user's disable_by_batch_size, or a verify step of
-        batch_size x (1 + k) tokens that no decode graph holds (logged when that starts and ends)."""
+    def _pause_for(self, batch_size: int, num_drafting: int | None = None) -> bool:
+        """No drafts for this batch: the user's disable_by_batch_size, or a next verify step
+        (1 + k tokens per drafting request, 1 per other one: num_drafting defaults to all of
+        batch_size) that no decode graph holds (logged when that starts and ends). A step where
+        nothing sampled (prompt chunks only) says nothing about the next one: the pause stays."""
         if self.disable_by_batch_size is not None and batch_size >= self.disable_by_batch_size:
             return True
-        too_big = self.max_graph_tokens is not None and batch_size * (1 + self.proposer.k) > self.max_graph_tokens
+        if batch_size == 0:
+            return self._paused
+        drafting = batch_size if num_drafting is None else num_drafting
+        tokens = batch_size + drafting * self.proposer.k
+        too_big = self.max_graph_tokens is not None and tokens > self.max_graph_tokens
         if too_big != self._paused:
             self._paused = too_big
             logger.info(
-                "Speculative decoding %s: %d requests x %d tokens %s the largest CUDA graph (%d tokens)",
-                "paused" if too_big else "resumed", batch_size, 1 + self.proposer.k,
-                "exceed" if too_big else "fit", self.max_graph_tokens,
+                "Speculative decoding %s: %d requests (%d drafting %d tokens) verify %d tokens, %s the largest "
+                "CUDA graph (%d tokens)",
+                "paused" if too_big else "resumed", batch_size, drafting, self.proposer.k, tokens,
+                "more than" if too_big else "within", self.max_graph_tokens,
             )
         return too_big
 

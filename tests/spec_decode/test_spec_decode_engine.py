@@ -175,7 +175,7 @@ def test_drafting_pauses_while_verify_steps_would_outgrow_the_graphs(paths, base
         assert stats.num_drafts == 0
         pair = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
     assert stats.num_drafts > 0
-    assert "Speculative decoding paused: 3 requests x 4 tokens exceed" in caplog.text
-    assert "Speculative decoding resumed: 2 requests x 4 tokens fit" in caplog.text
+    assert "Speculative decoding paused: 3 requests (3 drafting 3 tokens) verify 12 tokens, more than" in caplog.text
+    assert "Speculative decoding resumed: 2 requests (2 drafting 3 tokens) verify 8 tokens, within" in caplog.text
     assert _summary(batched) == _summary(baseline.generate(PROMPTS[:3], GREEDY, use_tqdm=False))
     assert _summary(pair) == _summary(baseline.generate(PROMPTS[:2], GREEDY, use_tqdm=False))
