@@ -51,6 +51,12 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sorted(sizes)
 
 
+def decode_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+    """The runner's buckets: a graph of n sequences feeds n tokens, so the token budget bounds
+    them too (max_num_batched_tokens may be set below max_num_seqs)."""
+    return graph_batch_sizes(min(max_num_seqs, max_num_batched_tokens))
+
+
 class CudaGraphRunner:
     def __init__(
         self, model: CausalLM, builder: StepInputBuilder, batch_sizes: list[int], lora: LoRAManager | None = None

@@ -30,7 +30,7 @@ from folio.worker import step_broadcast
 from folio.sample.sampler import Sampler
 from folio.worker import block_ops
 from folio.worker import kv_cache as kvc
-from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, graph_batch_sizes
+from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, decode_graph_sizes
 from folio.worker.pending_output import PendingOutput
 from folio.worker.sampled_ids import DeviceSampledIds
 from folio.worker.staged_step import StagedStep
@@ -125,7 +125,7 @@ class ModelRunner(StepSampling):
         if self.speculator is not None:
             self.speculator.initialize_kv_cache(num_blocks, self.swap_pool.num_blocks)
         if self.uses_cuda_graphs():
-            sizes = graph_batch_sizes(self.config.scheduler.max_num_seqs)
+            sizes = decode_graph_sizes(self.config.scheduler.max_num_seqs, self.config.scheduler.max_num_batched_tokens)
             self.graphs = CudaGraphRunner(self.model, self.inputs, sizes, self.lora)
             self.graphs.capture()
             if self.speculator is not None:

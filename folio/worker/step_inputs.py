@@ -137,6 +137,9 @@ class StepInputBuilder:
             raise ValueError(f"A per-token-sequence step of {num_tokens} tokens exceeds {self.max_num_seqs} sequences.")
         padded_seqs = max(pad_to or attn_seqs, attn_seqs)
         padded_tokens = num_tokens + (padded_seqs - attn_seqs)
+        if padded_tokens > self.max_num_tokens or padded_seqs > self.max_num_seqs:
+            raise ValueError(f"Padding to {padded_seqs} sequences exceeds the runner's buffers "
+                             f"({self.max_num_tokens} tokens / {self.max_num_seqs} sequences).")
         if self._copied is not None:
             self._copied.synchronize()
         self.block_table.begin_step()

@@ -14,7 +14,7 @@ from folio.attention.backends.triton_backend import TritonAttentionBackend
 from folio.core.request import Request
 from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from folio.sampling_params import SamplingParams
-from folio.worker.cuda_graphs import graph_batch_sizes
+from folio.worker.cuda_graphs import decode_graph_sizes, graph_batch_sizes
 from folio.worker.step_inputs import StepInputBuilder
 
 BLOCK = 4
@@ -185,3 +185,14 @@ def test_verify_steps_as_per_token_sequences_give_the_same_attention():
     torch.testing.assert_close(TorchAttentionBackend().forward(query, kv_cache, md, 0.25)[:n], want_out, atol=1e-5, rtol=1e-5)
     got = TritonAttentionBackend(num_splits=2).forward(query, kv_cache, md, 0.25)
     torch.testing.assert_close(got[:n], want_out, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_past_the_token_buffer_is_refused_and_graph_sizes_respect_it():
+    """A graph of n sequences feeds n tokens: with max_num_batched_tokens below max_num_seqs,
+    padding to more than the token buffer is an error (it used to be cut silently), and the
+    runner captures no graph larger than the token budget."""
+    builder = StepInputBuilder(4, 8, 64, BLOCK, torch.device("cpu"))
+    with pytest.raises(ValueError, match="Padding to 8 sequences exceeds"):
+        builder.build(SchedulerOutput([], 0), {}, pad_to=8)
+    assert builder.build(SchedulerOutput([], 0), {}, pad_to=4).input_ids.shape[0] == 4
+    assert decode_graph_sizes(8, 4) == [1, 2, 4] and decode_graph_sizes(16, 8192) == [1, 2, 4, 8, 16]
