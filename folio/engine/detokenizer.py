@@ -30,7 +30,8 @@ byte tokens make that run invalid UTF-8, the prompt's part of the run would read
 context, which emitted text cannot follow: the output is then the context decode past the
 prompt text's length. Emitted text is never taken back.
 
-Cost: two decodes of the window per step that emits text. The window holds the tokens emitted
+Cost: two decodes of the window per step that emits text; the second is usually of one token,
+whose text is cached per tokenizer. The window holds the tokens emitted
 last step plus those not yet emitted; only output that keeps ending in U+FFFD (garbage bytes)
 lets it grow, until something decodable follows.
 """
@@ -120,6 +121,29 @@ class IncrementalDetokenizer:
 def _decoder(
     tokenizer: Any, skip_special_tokens: bool, spaces_between_special_tokens: bool
 ) -> Callable[[list[int]], str]:
+    """`_plain_decoder`, with the text of one-token lists cached per tokenizer and options: in
+    steady state every step's second decode (the new prefix after the slide) is one token, so
+    it becomes a dict lookup (decoding is a pure function of the ids)."""
+    decode = _plain_decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
+    per_tokenizer = _WINDOW_TEXT.get(tokenizer)
+    if per_tokenizer is None:
+        per_tokenizer = _WINDOW_TEXT.setdefault(tokenizer, {})
+    cache = per_tokenizer.setdefault((skip_special_tokens, spaces_between_special_tokens), {})
+
+    def decode_ids(token_ids: list[int]) -> str:
+        if len(token_ids) != 1:
+            return decode(token_ids)
+        text = cache.get(token_ids[0])
+        if text is None:
+            text = cache[token_ids[0]] = decode(token_ids)
+        return text
+
+    return decode_ids
+
+
+def _plain_decoder(
+    tokenizer: Any, skip_special_tokens: bool, spaces_between_special_tokens: bool
+) -> Callable[[list[int]], str]:
     """`ids -> text` as `tokenizer.decode(ids, skip_special_tokens, no cleanup)` computes it.
 
     No clean-up of tokenization spaces: applied to a window, it could remove a space that
@@ -142,6 +166,9 @@ def _decoder(
 
 # ---- single tokens (log-prob entries) --------------------------------------------------------
 
+# Per tokenizer and (skip_special_tokens, spaces_between_special_tokens): the detokenizer's
+# decode of a one-token list. Weak keys so a dropped tokenizer takes its cache with it.
+_WINDOW_TEXT: weakref.WeakKeyDictionary[Any, dict[tuple[bool, bool], dict[int, str]]] = weakref.WeakKeyDictionary()
 # Per tokenizer: token id -> text. Weak keys so a dropped tokenizer takes its cache with it.
 _TOKEN_TEXT: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
 _SPECIAL_IDS: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()

@@ -167,6 +167,8 @@ def test_each_step_decodes_a_bounded_window(name):
     full, before = tok._tok.decode(prompt + ids), tok._tok.decode(prompt)
     assert detok.output_text == full[len(before) :]
     assert len(ids) > 300 and max(tok.decode_lengths) <= 12
+    # About one decode per step (two without the cache of one-token windows' text).
+    assert len(tok.decode_lengths) <= 1.2 * len(ids) + len(set(ids))
 
 
 @pytest.mark.parametrize("name", sorted(TOKENIZERS))
