@@ -24,7 +24,8 @@ folio/engine/metrics.py); tests/compat/test_vllm_table.py fails when this file i
 exercises every row.
 
 Statuses: **honoured** (folio does what vLLM does), **no-op** (accepted: the value changes nothing
-in folio; other values raise), **not supported yet** (vLLM's default is accepted; another value
+in folio, and a value other than the flag's default is logged as a warning saying so; other
+values raise), **not supported yet** (vLLM's default is accepted; another value
 raises ValueError naming the argument and the value, until the named work lands), **error**
 (only the default is accepted). `EngineArgs(...)` takes the same arguments as `LLM(...)`. An
 argument in no table raises an error that is both a TypeError (as in vLLM) and a ValueError,

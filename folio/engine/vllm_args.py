@@ -23,6 +23,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from folio.logger import init_logger
+
+
+logger = init_logger(__name__)
 
 class Status(enum.Enum):
     HONOURED = "honoured"
@@ -313,4 +317,12 @@ def split_vllm_kwargs(kwargs: Mapping[str, Any], engine_fields: set[str],
             out[name] = value
         elif row is not None:
             check_value(row, value, kwargs if call is None else call)
+            if row.status is Status.NOOP and not _is_cli_default(row, value):
+                # Accepted, but the user asked for something: say that nothing comes of it.
+                logger.warning("vLLM argument %s=%r has no effect in folio: %s.", name, value, row.note)
     return out
+
+
+def _is_cli_default(row: VllmArg, value: Any) -> bool:
+    """Whether value is what the flag holds when it is not given (the CLI passes every flag)."""
+    return value is None or (row.cli is not None and row.cli.get("default", object()) == value)

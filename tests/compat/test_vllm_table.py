@@ -156,3 +156,17 @@ def test_compat_doc_is_current():
     assert (ROOT / "docs" / "vllm-compat.md").read_text() == module.render(), (
         "run `python scripts/vllm_compat_doc.py > docs/vllm-compat.md`"
     )
+
+
+def test_a_no_op_argument_given_a_value_is_logged_and_cli_defaults_are_not(caplog):
+    """A vLLM argument folio accepts but does nothing with is never dropped in silence: a value
+    the user gave is a warning naming it and why; the CLI's defaults (every flag is passed) are not."""
+    from folio.entrypoints.openai.cli_args import make_arg_parser
+
+    parser = make_arg_parser(argparse.ArgumentParser())
+    with caplog.at_level("WARNING", logger="folio.engine.vllm_args"):
+        EngineArgs.from_cli_args(parser.parse_args([]))
+        assert caplog.text == ""
+        EngineArgs(model="m", cuda_graph_sizes=[1, 2], trust_remote_code=False)
+    assert "vLLM argument cuda_graph_sizes=[1, 2] has no effect in folio: folio captures" in caplog.text
+    assert "trust_remote_code" not in caplog.text  # False is its default: nothing was asked
