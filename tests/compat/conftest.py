@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.checkpoints import make_tiny_checkpoint
-from tests.helpers.tokenizers import save_test_tokenizer
+from tests.helpers.checkpoints import tiny_model_dir
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("compat-qwen3"))
-    make_tiny_checkpoint("qwen3", path)
-    save_test_tokenizer(path)
-    return path
+    return tiny_model_dir(tmp_path_factory, "qwen3", "compat-qwen3")

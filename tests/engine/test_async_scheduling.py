@@ -12,8 +12,7 @@ import torch
 from folio import LLM, SamplingParams
 from folio.engine.arg_utils import EngineArgs
 from folio.sampling_params import BeamSearchParams
-from tests.helpers.checkpoints import make_tiny_checkpoint
-from tests.helpers.tokenizers import save_test_tokenizer
+from tests.helpers.checkpoints import tiny_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +21,7 @@ PROMPTS = ["Hello, my name is", "The capital of France is", "Once upon a time", 
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("llama"))
-    make_tiny_checkpoint("llama", path)
-    save_test_tokenizer(path)
-    return path
+    return tiny_model_dir(tmp_path_factory, "llama")
 
 
 CUDA = pytest.param(

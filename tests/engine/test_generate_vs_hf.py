@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from folio import LLM, SamplingParams
-from tests.helpers.checkpoints import make_tiny_checkpoint
+from tests.helpers.checkpoints import tiny_model_dir
 from tests.helpers.reference import hf_greedy_with_logprobs
-from tests.helpers.tokenizers import save_test_tokenizer
 
 KINDS = ["llama", "llama3", "mistral", "qwen2", "qwen3", "opt"]
 PROMPT_LENGTHS = [1, 2, 7, 16, 17, 40, 64, 101, 130]
@@ -32,9 +31,7 @@ def _prompts(seed: int) -> list[list[int]]:
 @pytest.fixture(scope="module", params=KINDS)
 def case(request, tmp_path_factory):
     """A tiny checkpoint with a tokenizer, plus transformers' greedy reference for each prompt."""
-    path = str(tmp_path_factory.mktemp(request.param))
-    make_tiny_checkpoint(request.param, path)
-    save_test_tokenizer(path)
+    path = tiny_model_dir(tmp_path_factory, request.param)
     prompts = _prompts(KINDS.index(request.param))
     return path, prompts, hf_greedy_with_logprobs(path, prompts, MAX_NEW)
 

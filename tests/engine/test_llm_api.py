@@ -6,8 +6,7 @@ import pytest
 
 from folio import LLM, RequestOutput, SamplingParams
 from folio.sampling_params import SamplingParamsError
-from tests.helpers.checkpoints import make_tiny_checkpoint
-from tests.helpers.tokenizers import save_test_tokenizer
+from tests.helpers.checkpoints import tiny_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -16,9 +15,7 @@ PROMPTS = ["Hello, my name is", "The capital of France is", "Once upon a time", 
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory) -> LLM:
-    path = str(tmp_path_factory.mktemp("llama"))
-    make_tiny_checkpoint("llama", path)
-    save_test_tokenizer(path)
+    path = tiny_model_dir(tmp_path_factory, "llama")
     return LLM(model=path, dtype="float32", device="cpu", max_model_len=256, seed=0)
 
 
@@ -167,9 +164,7 @@ def test_abort_frees_blocks(llm):
 
 
 def test_priority_policy_runs_urgent_first(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("prio"))
-    make_tiny_checkpoint("llama", path)
-    save_test_tokenizer(path)
+    path = tiny_model_dir(tmp_path_factory, "llama", "prio")
     llm = LLM(model=path, dtype="float32", device="cpu", max_model_len=64, max_num_seqs=1, scheduling_policy="priority")
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)

@@ -119,3 +119,14 @@ def convert_to_pytorch_bin(path: str | os.PathLike, legacy: bool = False) -> Non
             os.remove(os.path.join(folder, name))
     target = os.path.join(folder, "pytorch_model.bin")
     torch.save(state, target, _use_new_zipfile_serialization=not legacy)
+
+
+def tiny_model_dir(tmp_path_factory: Any, kind: str = "llama", name: str | None = None) -> str:
+    """A tiny random checkpoint of `kind` with the test tokenizer, in a fresh temporary folder
+    named `name` (default: kind): what most engine, server and compat tests start from."""
+    from tests.helpers.tokenizers import save_test_tokenizer
+
+    path = str(tmp_path_factory.mktemp(name or kind))
+    make_tiny_checkpoint(kind, path)
+    save_test_tokenizer(path)
+    return path

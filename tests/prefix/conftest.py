@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.checkpoints import make_tiny_checkpoint
-from tests.helpers.tokenizers import save_test_tokenizer
+from tests.helpers.checkpoints import tiny_model_dir
 
 
 @pytest.fixture(scope="session")
@@ -15,10 +14,7 @@ def checkpoint(tmp_path_factory):
 
     def get(kind: str = "llama") -> str:
         if kind not in paths:
-            path = str(tmp_path_factory.mktemp(kind))
-            make_tiny_checkpoint(kind, path)
-            save_test_tokenizer(path)
-            paths[kind] = path
+            paths[kind] = tiny_model_dir(tmp_path_factory, kind)
         return paths[kind]
 
     return get

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from openai import OpenAI
 
-from tests.helpers.checkpoints import make_tiny_checkpoint
-from tests.helpers.tokenizers import save_test_tokenizer
+from tests.helpers.checkpoints import tiny_model_dir
 from tests.server.harness import ServerThread, make_engine
 
 API_KEY = "unused"  # the shared server has no key; the openai client insists on one
@@ -14,10 +13,7 @@ API_KEY = "unused"  # the shared server has no key; the openai client insists on
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("server-llama"))
-    make_tiny_checkpoint("llama", path)
-    save_test_tokenizer(path)
-    return path
+    return tiny_model_dir(tmp_path_factory, "llama", "server-llama")
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,7 @@ import pytest
 from folio import LLM, SamplingParams
 from folio.engine.metrics import EngineMetrics
 from folio.sampling_params import BeamSearchParams
-from tests.helpers.checkpoints import make_tiny_checkpoint
-from tests.helpers.tokenizers import save_test_tokenizer
+from tests.helpers.checkpoints import tiny_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +28,7 @@ SMALL_CACHE = dict(num_gpu_blocks_override=14, block_size=4, max_model_len=48, m
 def paths(tmp_path_factory) -> dict[str, str]:
     out = {}
     for kind in ("llama", "qwen3"):
-        path = str(tmp_path_factory.mktemp(kind))
-        make_tiny_checkpoint(kind, path)
-        save_test_tokenizer(path)
+        path = tiny_model_dir(tmp_path_factory, kind)
         out[kind] = path
     return out
 

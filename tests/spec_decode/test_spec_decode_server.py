@@ -8,8 +8,7 @@ import urllib.request
 import pytest
 from openai import OpenAI
 
-from tests.helpers.checkpoints import make_tiny_checkpoint
-from tests.helpers.tokenizers import save_test_tokenizer
+from tests.helpers.checkpoints import tiny_model_dir
 from tests.server.harness import ServerThread, make_engine
 
 pytestmark = pytest.mark.slow
@@ -17,10 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("spec-server"))
-    make_tiny_checkpoint("llama", path)
-    save_test_tokenizer(path)
-    return path
+    return tiny_model_dir(tmp_path_factory, "llama", "spec-server")
 
 
 def _complete(engine) -> tuple[list[str], str]:  # noqa: ANN001

@@ -17,8 +17,8 @@ from folio import LLM, SamplingParams, StructuredOutputsParams
 from folio.config import StructuredOutputsConfig
 from folio.structured_output.spec import GrammarSpec
 from folio.sampling_params import SamplingParamsError
-from tests.helpers.checkpoints import make_tiny_checkpoint
-from tests.helpers.tokenizers import save_test_tokenizer, test_tokenizer
+from tests.helpers.checkpoints import tiny_model_dir
+from tests.helpers.tokenizers import test_tokenizer
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["Hello, my name is", "The answer is"]
@@ -26,10 +26,7 @@ PROMPTS = ["Hello, my name is", "The answer is"]
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("llama"))
-    make_tiny_checkpoint("llama", path)
-    save_test_tokenizer(path)
-    return path
+    return tiny_model_dir(tmp_path_factory, "llama")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from openai import OpenAI
 
 from folio.entrypoints.openai.cli_args import ServerConfig
 from folio.demo.tokenizer import CHATML_TEMPLATE
-from tests.helpers.checkpoints import make_tiny_checkpoint
+from tests.helpers.checkpoints import make_tiny_checkpoint, tiny_model_dir
 from tests.helpers.tokenizers import save_test_tokenizer
 from tests.server.harness import ServerThread, make_engine
 
@@ -58,9 +58,7 @@ MESSAGES = [{"role": "user", "content": "What is the weather?"}]
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("so-llama"))
-    make_tiny_checkpoint("llama", path)
-    save_test_tokenizer(path)
+    path = tiny_model_dir(tmp_path_factory, "llama", "so-llama")
     engine = make_engine(path, max_model_len=512, structured_outputs_config={"disable_any_whitespace": True})
     config = ServerConfig(
         chat_template=TOOLS_TEMPLATE, enable_auto_tool_choice=True, tool_call_parser="hermes", reasoning_parser="qwen3"
