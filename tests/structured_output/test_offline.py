@@ -17,16 +17,10 @@ from folio import LLM, SamplingParams, StructuredOutputsParams
 from folio.config import StructuredOutputsConfig
 from folio.structured_output.spec import GrammarSpec
 from folio.sampling_params import SamplingParamsError
-from tests.helpers.checkpoints import tiny_model_dir
 from tests.helpers.tokenizers import test_tokenizer
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["Hello, my name is", "The answer is"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> str:
-    return tiny_model_dir(tmp_path_factory, "llama")
 
 
 @pytest.fixture(scope="module")
@@ -326,76 +320,3 @@ def test_legacy_structural_tag_compiles_and_constrains_tagged_parts(llm):
             body, sep, _ = part.partition("</f>")
             if sep:
                 jsonschema.validate(json.loads(body), inner)
-
-
-def test_a_compiling_grammar_does_not_stall_other_requests(checkpoint):
-    """Grammars compile on a worker thread: while one is held, an unconstrained request added
-    after it runs to the end; then the constrained one runs."""
-    import threading
-
-    engine = LLM(model=checkpoint, dtype="float32", device="cpu", max_model_len=512, seed=0).llm_engine
-    release = threading.Event()
-    manager = engine.structured_output
-    compile_now = manager.backend.compile
-    manager.backend.compile = lambda spec: (release.wait(60), compile_now(spec))[1]
-    constrained = SamplingParams(temperature=0, max_tokens=30, structured_outputs=StructuredOutputsParams(regex=r"[a-z]{5}"))
-    engine.add_request("slow", PROMPTS[0], constrained)
-    engine.add_request("free", PROMPTS[1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-    finished: dict[str, object] = {}
-    while "free" not in finished:
-        finished.update({o.request_id: o for o in engine.step() if o.finished})
-    assert "slow" not in finished and manager.has_parked
-    release.set()
-    while "slow" not in finished:
-        finished.update({o.request_id: o for o in engine.step() if o.finished})
-    assert re.fullmatch(r"[a-z]{5}", finished["slow"].outputs[0].text)
-
-
-def test_a_compile_failure_fails_that_request_only(checkpoint):
-    llm = LLM(model=checkpoint, dtype="float32", device="cpu", max_model_len=512, seed=0)
-    manager = llm.llm_engine.structured_output
-
-    def broken(spec):
-        raise RuntimeError("backend exploded")
-
-    manager.backend.compile = broken
-    params = SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(regex="[ab]+"))
-    with pytest.raises(ValueError, match="failed to compile: backend exploded"):
-        llm.generate("x", params, use_tqdm=False)
-    assert not llm.llm_engine.has_unfinished_requests()
-    (ok,) = llm.generate("x", SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
-    assert len(ok.outputs[0].token_ids) == 3
-    # The failure is not cached: once the backend works again, the same constraint compiles.
-    del manager.backend.compile
-    (again,) = llm.generate("x", params, use_tqdm=False)
-    assert re.fullmatch("[ab]+", again.outputs[0].text)
-
-
-def test_the_backend_builds_off_the_engine_start_and_step_loop(checkpoint, monkeypatch):
-    """The backend (xgrammar's vocabulary tables: ~1 s for a 150k vocabulary) is built on a worker
-    thread begun with the engine: the engine starts and serves free requests while it is held;
-    the build's time is kept for the benchmark and a constrained request then runs."""
-    import threading
-
-    from folio.structured_output import manager as manager_module
-
-    release, started = threading.Event(), threading.Event()
-    build_now = manager_module.make_backend
-
-    def slow_build(*args):
-        started.set()
-        release.wait(60)
-        return build_now(*args)
-
-    monkeypatch.setattr(manager_module, "make_backend", slow_build)
-    llm = LLM(model=checkpoint, dtype="float32", device="cpu", max_model_len=512, seed=0)
-    assert started.wait(10)  # begun by the engine's start, which did not wait for it
-    (free,) = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
-    assert len(free.outputs[0].token_ids) == 4 and not release.is_set()
-    manager = llm.llm_engine.structured_output
-    assert manager.backend_build_seconds == {}
-    release.set()
-    params = SamplingParams(temperature=0, max_tokens=30, structured_outputs=StructuredOutputsParams(regex=r"[a-z]{5}"))
-    (constrained,) = llm.generate(PROMPTS[1], params, use_tqdm=False)
-    assert re.fullmatch(r"[a-z]{5}", constrained.outputs[0].text)
-    assert manager.backend_build_seconds["xgrammar"] > 0
