@@ -55,3 +55,26 @@ def peft_greedy(base_path: str, adapter_path: str | None, prompts: list[list[int
         )
         out.append(generated[0, len(ids):].tolist())
     return out
+
+
+def two_adapter_case(root: str | os.PathLike, wide_rank: int, max_new: int) -> tuple[str, list[list[int]], dict, dict]:
+    """A tiny Llama with two PEFT adapters ("small": rank 4 on q/v/down; "wide": wide_rank on
+    every projection, rsLoRA), three prompts (5, 40 and 23 tokens) and PEFT's greedy tokens
+    for each under the base model and each adapter: (base, prompts, refs, LoRARequests)."""
+    import os.path
+    import random
+
+    from folio.lora.request import LoRARequest
+    from tests.helpers.checkpoints import make_tiny_checkpoint
+
+    base = make_tiny_checkpoint("llama", os.path.join(root, "base"))
+    small = make_peft_adapter(base, os.path.join(root, "small"), seed=1, r=4, lora_alpha=8,
+                              target_modules=["q_proj", "v_proj", "down_proj"])
+    wide = make_peft_adapter(base, os.path.join(root, "wide"), seed=2, r=wide_rank, lora_alpha=4, use_rslora=True)
+    rng = random.Random(0)
+    # 40 tokens = 2 full blocks of 16 shared by every copy of a prompt (prefix cache).
+    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (5, 40, 23)]
+    refs = {name: peft_greedy(base, path, prompts, max_new) for name, path in
+            (("base", None), ("small", small), ("wide", wide))}
+    adapters = {"small": LoRARequest("small", 1, small), "wide": LoRARequest("wide", 2, wide)}
+    return base, prompts, refs, adapters

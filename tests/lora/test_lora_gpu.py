@@ -9,16 +9,12 @@ differ from the base model's (the replayed decode steps read the slots).
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from folio import LLM, SamplingParams
 from folio.kernels.triton_compat import set_triton_kernels
-from folio.lora.request import LoRARequest
-from tests.helpers.adapters import make_peft_adapter, peft_greedy
-from tests.helpers.checkpoints import make_tiny_checkpoint
+from tests.helpers.adapters import two_adapter_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 MAX_NEW = 16
@@ -27,16 +23,7 @@ ORDER = [None, "small", "wide", "small", None, "wide", "wide", None, "small"]
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lora-gpu")
-    base = make_tiny_checkpoint("llama", root / "base")
-    small = make_peft_adapter(base, root / "small", seed=1, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
-    wide = make_peft_adapter(base, root / "wide", seed=2, r=16, lora_alpha=4, use_rslora=True)
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (5, 40, 23)]
-    refs = {name: peft_greedy(base, path, prompts, MAX_NEW) for name, path in
-            (("base", None), ("small", small), ("wide", wide))}
-    adapters = {"small": LoRARequest("small", 1, small), "wide": LoRARequest("wide", 2, wide)}
-    return base, prompts, refs, adapters
+    return two_adapter_case(tmp_path_factory.mktemp("lora-gpu"), wide_rank=16, max_new=MAX_NEW)
 
 
 def _run(case, *, fast: bool, dtype: str = "float32", graphs: bool | None = None) -> list[list[int]]:

@@ -8,14 +8,11 @@ prefix cache, so equal tokens there also prove that K/V never crosses adapters.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from folio import LLM, SamplingParams
 from folio.lora.request import LoRARequest
-from tests.helpers.adapters import make_peft_adapter, peft_greedy
-from tests.helpers.checkpoints import make_tiny_checkpoint
+from tests.helpers.adapters import two_adapter_case
 
 MAX_NEW = 12
 pytestmark = pytest.mark.slow
@@ -23,18 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lora")
-    base = make_tiny_checkpoint("llama", root / "base")
-    small = make_peft_adapter(base, root / "small", seed=1, r=4, lora_alpha=8,
-                              target_modules=["q_proj", "v_proj", "down_proj"])
-    wide = make_peft_adapter(base, root / "wide", seed=2, r=8, lora_alpha=4, use_rslora=True)
-    rng = random.Random(0)
-    # 40 tokens = 2 full blocks of 16 shared by every copy of a prompt (prefix cache).
-    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (5, 40, 23)]
-    refs = {name: peft_greedy(base, path, prompts, MAX_NEW) for name, path in
-            (("base", None), ("small", small), ("wide", wide))}
-    adapters = {"small": LoRARequest("small", 1, small), "wide": LoRARequest("wide", 2, wide)}
-    return base, prompts, refs, adapters
+    return two_adapter_case(tmp_path_factory.mktemp("lora"), wide_rank=8, max_new=MAX_NEW)
 
 
 @pytest.fixture(scope="module")
