@@ -2,13 +2,14 @@
 
     python -m folio.benchmarks.spec_decode --target OUT/target --draft OUT/draft --k 4
 
-Three workloads, greedy, EOS ignored (every request makes exactly --output-len tokens):
+Three workloads (each --k value gets its own batch-1 rows), greedy, EOS ignored (every request makes exactly --output-len tokens):
 - batch 1, plain prompts (the opening of corpus documents): draft model vs none;
 - batch 1, copy-heavy prompts (a document, then its opening again, so the output quotes the
   prompt): n-gram vs none;
 - batch --batch (64), plain prompts: the cost of speculation at large batch (draft model and
   n-gram, each also with disable_by_batch_size).
-Each configuration is a fresh engine; the clock covers `generate` only, after a warm-up.
+Each configuration is a fresh engine; the clock covers `generate` only, after a warm-up that
+runs the same prompts for 16 tokens.
 Prints one JSON line per run (tokens/s, speed-up over the same workload without speculation,
 acceptance rate, mean accepted length, acceptance per position) and a markdown table.
 """
@@ -42,7 +43,11 @@ def run_one(target: str, spec: dict | None, groups: list[list[str]], output_len:
 
     llm = LLM(model=target, speculative_config=spec, **engine)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    llm.generate(groups[0][:1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    # Warm-up over the same prompts: Triton specialises kernels on sizes (a prompt length that is
+    # a multiple of 16 or not), and a first compile inside the clock would be measured as decode.
+    warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    for prompts in groups:
+        llm.generate(prompts, warm, use_tqdm=False)
     stats = llm.llm_engine.scheduler.spec_stats
     before = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
     outputs, seconds = [], 0.0
@@ -74,24 +79,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True)
     parser.add_argument("--draft", required=True)
-    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--k", type=int, nargs="+", default=[4], help="num_speculative_tokens (several: a row each)")
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=8, help="batch-1 requests, run one after another")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     engine = dict(device=args.device, max_model_len=1024, gpu_memory_utilization=0.5)
-    draft = {"model": args.draft, "num_speculative_tokens": args.k}
-    ngram = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    drafts = [{"model": args.draft, "num_speculative_tokens": k} for k in args.k]
+    ngrams = [
+        {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2} for k in args.k
+    ]
+    big = f"batch {args.batch}, plain"
     runs = [
         ("batch 1, plain", None, plain_prompts(args.prompts), 1),
-        ("batch 1, plain", draft, plain_prompts(args.prompts), 1),
+        *[("batch 1, plain", d, plain_prompts(args.prompts), 1) for d in drafts],
         ("batch 1, copy-heavy", None, copy_prompts(args.prompts), 1),
-        ("batch 1, copy-heavy", ngram, copy_prompts(args.prompts), 1),
-        (f"batch {args.batch}, plain", None, plain_prompts(args.batch), args.batch),
-        (f"batch {args.batch}, plain", draft, plain_prompts(args.batch), args.batch),
-        (f"batch {args.batch}, plain", ngram, plain_prompts(args.batch), args.batch),
-        (f"batch {args.batch}, plain", {**draft, "disable_by_batch_size": 32}, plain_prompts(args.batch), args.batch),
+        *[("batch 1, copy-heavy", n, copy_prompts(args.prompts), 1) for n in ngrams],
+        (big, None, plain_prompts(args.batch), args.batch),
+        *[(big, spec, plain_prompts(args.batch), args.batch) for spec in (drafts[0], ngrams[0])],
+        (big, {**drafts[0], "disable_by_batch_size": 32}, plain_prompts(args.batch), args.batch),
     ]
     baseline: dict[str, tuple[float, list]] = {}  # workload -> (tokens/s, outputs) without speculation
     rows = []

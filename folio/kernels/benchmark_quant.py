@@ -5,8 +5,8 @@
 Decode (M = 1 and 16 tokens) is bound by reading the weight, so each row reports the bytes a
 GEMM must move (packed weight, scales, zeros, activations, output) over the measured copy rate;
 M = 256 rows (W1's decode batches) also report the matmul rate. `--sweep` times the W4A16
-kernel's alternative tile configs and split counts (the candidates for pick_config's small-M
-table), so one GPU call can choose them (docs/perf-notes.md, "Quantized GEMMs at small M").
+kernel's alternative tile configs and split counts, tl.dot tiles and (at M = 1) the GEMV kernel's
+(the candidates for pick_config's small-M table), so one GPU call can choose them (docs/perf-notes.md, "Quantized GEMMs at small M").
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ GROUP = 128
 SWEEP_W4A16 = [
     (64, 64, None, 4, 3), (64, 128, None, 4, 4), (32, 128, None, 4, 4), (128, 128, None, 4, 4),
     (64, 128, 1, 4, 4), (32, 128, 1, 2, 5), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (128, 128, 2, 8, 4),
+]
+# Candidate GEMV configs for one token: (BLOCK_N, BLOCK_K, SPLIT_K (None: pick_config's), num_warps, num_stages)
+SWEEP_GEMV = [
+    (64, 128, None, 4, None), (256, 128, None, 8, None), (128, 64, None, 4, None), (128, 128, None, 8, None),
+    (128, 128, None, 4, 4), (256, 64, None, 4, None), (64, 64, None, 2, None),
 ]
 
 
@@ -54,10 +59,19 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
     configs = [("default", None)]
     if sweep:
         for block_n, block_k, split_k, warps, stages in SWEEP_W4A16:
-            cfg = dict(default, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+            cfg = dict(pick_config(16, n, k, GROUP, _sms(device)), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+            cfg["num_stages"] = stages
             if split_k is not None:
                 cfg["SPLIT_K"] = split_k
-            configs.append((f"n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}", cfg))
+            configs.append((f"dot n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}", cfg))
+        for block_n, block_k, split_k, warps, stages in SWEEP_GEMV if m == 1 else []:
+            cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+            tiles, cfg["SPLIT_K"] = -(-n // block_n), split_k or 1
+            while split_k is None and tiles * cfg["SPLIT_K"] < 4 * _sms(device) and k // (block_k * cfg["SPLIT_K"] * 2) >= 2:
+                cfg["SPLIT_K"] *= 2
+            if stages is not None:
+                cfg["num_stages"] = stages
+            configs.append((f"gemv n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}", cfg))
     rows = []
     for label, cfg in configs:
         def run(cfg=cfg):

@@ -10,7 +10,9 @@ BLOCK_K steps; BLOCK_K divides G, so each step reads one row of scales/zeros. We
 unpacked with shifts, scaled in float32, rounded to the activation dtype and fed to tl.dot
 with a float32 accumulator. Decode (small M) is bound by reading the weight: split-K gives
 the GPU enough programs to saturate memory bandwidth, each writing a float32 partial that
-_sum_splits_kernel adds up and casts in one pass. Large M dequantizes once and calls cuBLAS (M >= DEQUANT_MIN_M).
+_sum_splits_kernel adds up and casts in one pass. One token (M = 1) takes a GEMV kernel
+without tl.dot (which would pad it to 16 rows), with wide tiles. Large M dequantizes once and
+calls cuBLAS (M >= DEQUANT_MIN_M).
 """
 
 from __future__ import annotations
@@ -90,6 +92,58 @@ def _w4a16_kernel(
 
 
 @triton.jit
+def _w4a16_gemv_kernel(
+    a_ptr,  # [1, K] fp16/bf16/fp32
+    qw_ptr,  # [K / 8, N] int32
+    s_ptr,  # [K / G, N] float32
+    z_ptr,  # [K / G, N] uint8 (HAS_ZEROS)
+    c_ptr,  # [SPLIT_K, 1, N]: float32 partials, or the output dtype when SPLIT_K == 1
+    N,
+    K,
+    k_per_split,  # a multiple of BLOCK_K
+    stride_ak,
+    stride_qk,
+    stride_sg,
+    stride_cs,
+    GROUP: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
+    activation row with each unpacked column summed in float32 registers; the zero point comes
+    out of the sum (sum_k a_k (q_kn - z_n) s_n = s_n (sum_k a_k q_kn - z_n sum_k a_k))."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    rk8 = tl.arange(0, BLOCK_K // 8)
+    nib = tl.arange(0, 8)
+    shifts = nib * 4  # nibble j of word i is input row 8i + j
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        ks = k0 + rk8[:, None] * 8 + nib[None, :]  # [BLOCK_K / 8, 8]
+        a = tl.load(a_ptr + ks * stride_ak, mask=ks < k_end, other=0.0).to(tl.float32)  # [BLOCK_K / 8, 8]
+        packed = tl.load(
+            qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
+            mask=(k0 + rk8 * 8 < k_end)[:, None] & n_ok[None, :],
+            other=0,
+        )  # [BLOCK_K / 8, BLOCK_N] int32
+        q = ((packed[:, None, :] >> shifts[None, :, None]) & 0xF).to(tl.float32)  # [BLOCK_K / 8, 8, BLOCK_N]
+        dot = tl.sum(tl.sum(q * a[:, :, None], axis=1), axis=0)  # [BLOCK_N]
+        group = k0 // GROUP  # BLOCK_K divides GROUP: one group per step
+        s = tl.load(s_ptr + group * stride_sg + rn, mask=n_ok, other=0.0)  # [BLOCK_N]
+        if HAS_ZEROS:
+            z = tl.load(z_ptr + group * stride_sg + rn, mask=n_ok, other=0).to(tl.float32)
+        else:
+            z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        acc += s * (dot - z * tl.sum(tl.sum(a, axis=1), axis=0))
+    tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
 def _sum_splits_kernel(
     part_ptr,  # [SPLIT_K, M * N] float32
     out_ptr,  # [M * N] the output dtype
@@ -141,7 +195,16 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
 
 
 def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> dict[str, int]:
-    """Tile sizes and split-K: small M splits K until about two programs per SM."""
+    """Tile sizes and split-K: small M splits K until about two programs per SM; one token
+    takes the GEMV kernel (GEMV=1) with wide tiles, split until about four programs per SM."""
+    if m == 1:
+        block_k = min(128, group_size)
+        block_n = 128
+        tiles = triton.cdiv(n, block_n)
+        split_k = 1
+        while tiles * split_k < 4 * num_sms and k // (block_k * split_k * 2) >= 2:
+            split_k *= 2
+        return dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4)
     block_k = 64 if group_size % 64 == 0 else 32
     if m <= 16:
         block_m, block_n, warps = 16, 64, 4
@@ -171,22 +234,35 @@ def w4a16_gemm_triton(
     n = qweight.shape[1]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
     cfg = dict(config or pick_config(m, n, k, group_size, sms))
+    gemv = bool(cfg.pop("GEMV", 0))
+    if gemv and m != 1:
+        raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
     split_k = cfg.pop("SPLIT_K")
     num_warps = cfg.pop("num_warps", 4)
     num_stages = cfg.pop("num_stages", None)  # None: Triton's default
+    launch = dict(num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}))
     block_k = cfg["BLOCK_K"]
+    if group_size % block_k:
+        raise ValueError(f"w4a16: BLOCK_K={block_k} must divide the group size {group_size}.")
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     out_dtype = x.dtype if split_k == 1 else torch.float32
     out = torch.empty((split_k, m, n), dtype=out_dtype, device=x.device)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split_k)
-    _w4a16_kernel[grid](
-        x, qweight, scales, zeros if zeros is not None else scales, out,
-        m, n, k, k_per_split,
-        x.stride(0), x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
-        GROUP=group_size, HAS_ZEROS=zeros is not None, num_warps=num_warps,
-        **({} if num_stages is None else {"num_stages": num_stages}),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **cfg,
-    )
+    zeros_arg = zeros if zeros is not None else scales
+    if gemv:
+        _w4a16_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split_k)](
+            x, qweight, scales, zeros_arg, out, n, k, k_per_split,
+            x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
+            GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, **launch,
+        )
+    else:
+        grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split_k)
+        _w4a16_kernel[grid](
+            x, qweight, scales, zeros_arg, out,
+            m, n, k, k_per_split,
+            x.stride(0), x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
+            GROUP=group_size, HAS_ZEROS=zeros is not None,
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **launch, **cfg,
+        )
     if split_k == 1:
         return out[0]  # [M, N]
     result = torch.empty((m, n), dtype=x.dtype, device=x.device)

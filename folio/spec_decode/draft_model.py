@@ -61,6 +61,7 @@ class DraftModelProposer(Proposer):
         sizes = graph_batch_sizes(max_num_seqs)
         self.steps = DraftSteps(self.model, sizes, num_speculative_tokens, block_size, max_blocks, device)
         self.mirror: CudaGraphRunner | None = None  # made by capture_graphs
+        self._observed: StepInputs | None = None  # the batch observe() already ran the draft over
 
     # ---- K/V ------------------------------------------------------------------------------
     @property
@@ -88,8 +89,15 @@ class DraftModelProposer(Proposer):
 
     # ---- drafting -------------------------------------------------------------------------
     @torch.inference_mode()
+    @torch.inference_mode()
+    def observe(self, inputs: StepInputs) -> None:
+        self._mirror(inputs)  # the draft's K/V of the target's batch, queued behind its forward
+        self._observed = inputs
+
     def propose(self, batch: ProposalBatch) -> dict[int, list[int]]:
-        self._mirror(batch.inputs)  # the draft's K/V of the target's batch
+        if self._observed is not batch.inputs:
+            self._mirror(batch.inputs)
+        self._observed = None
         indices = speculating(batch)
         if not indices:
             return {}

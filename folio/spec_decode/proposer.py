@@ -41,6 +41,11 @@ class Proposer(ABC):
     def propose(self, batch: ProposalBatch) -> dict[int, list[int]]:
         """Drafts per batch index of batch.emitted (requests that cannot speculate excluded)."""
 
+    def observe(self, inputs: StepInputs) -> None:
+        """The target's batch of this step, as soon as its forward is queued and before the
+        step's tokens come to the host: a draft model queues its own pass over it here, so that
+        pass runs on the GPU while the host verifies. Nothing by default."""
+
     # ---- K/V of its own (draft models); none by default ------------------------------------
     @property
     def kv_bytes_per_block(self) -> int:

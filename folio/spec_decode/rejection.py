@@ -30,6 +30,7 @@ def rejection_sample(
     uniforms: torch.Tensor | None = None,  # [rows] float32 in [0, 1)
     noise: torch.Tensor | None = None,  # [rows, vocab] float32, Exponential(1)
     draft_probs: torch.Tensor | None = None,  # [rows, vocab]; None: point-mass drafts
+    max_k: int | None = None,  # max(num_drafts) when the caller knows it (saves a device sync)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (tokens [requests, max_k + 1] int64, -1 past each request's end; num_accepted
     [requests] int64). Request i emits tokens[i, : num_accepted[i] + 1]."""
@@ -46,7 +47,8 @@ def rejection_sample(
         recovered = torch.where(row_greedy, recovered, r_recovered)
         r_bonus = _race(target_probs[bonus_rows], noise[bonus_rows])  # [requests] drawn from p
         bonus = torch.where(greedy, bonus, r_bonus)
-    max_k = int(num_drafts.max()) if num_drafts.numel() else 0
+    if max_k is None:
+        max_k = int(num_drafts.max()) if num_drafts.numel() else 0
     cols = torch.arange(max_k + 1, device=draft_ids.device)  # [max_k + 1]
     rows = (starts.unsqueeze(1) + cols).clamp(max=num_rows - 1)  # [requests, max_k + 1]
     is_draft = cols[:max_k].unsqueeze(0) < num_drafts.unsqueeze(1)  # [requests, max_k]

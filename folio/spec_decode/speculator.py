@@ -60,6 +60,10 @@ class Speculator:
         """Slots past a step the proposer writes its own K/V into (draft models only)."""
         return self.proposer.k if self.proposer.kv_bytes_per_block else 0
 
+    def observe(self, inputs: StepInputs) -> None:
+        """The step's batch, right after the target's forward is queued (Proposer.observe)."""
+        self.proposer.observe(inputs)
+
     def verify(
         self,
         logits: torch.Tensor,  # [rows, vocab], k_i + 1 rows per request

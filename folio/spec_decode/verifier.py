@@ -58,6 +58,9 @@ class SpecVerifier:
         edited = _edit_logits(logits, metadata)  # [rows, vocab] float32
         argmax = edited.argmax(dim=-1)  # [rows]
         greedy = [s.request.sampling_params.sampling_type_greedy for s in scheduled]
+        if all(greedy):
+            token_lists = _longest_matching_prefixes(argmax.tolist(), scheduled)  # the step's one copy
+            return VerifiedTokens(token_lists, self._logprobs(logits, scheduled, token_lists))
         probs = uniforms = noise = None
         if not all(greedy):
             probs = _target_probs(edited, metadata)  # [rows, vocab]
@@ -72,6 +75,7 @@ class SpecVerifier:
             to_device(greedy, torch.bool, self.device),
             uniforms,
             noise,
+            max_k=max(num_drafts, default=0),
         )
         token_lists = [row[: n + 1] for row, n in zip(tokens.tolist(), num_accepted.tolist())]
         return VerifiedTokens(token_lists, self._logprobs(logits, scheduled, token_lists))
@@ -126,6 +130,22 @@ class SpecVerifier:
         return out
 
 
+def _longest_matching_prefixes(argmax: list[int], scheduled: Sequence[ScheduledRequest]) -> list[list[int]]:
+    """Greedy verification on the host (rejection.py's greedy rule without its launches): the
+    drafts while they equal the target's argmax, then the argmax at the first mismatch (or
+    at the bonus row when every draft matched)."""
+    token_lists, start = [], 0
+    for sched in scheduled:
+        drafts = sched.spec_token_ids
+        rows = argmax[start : start + len(drafts) + 1]
+        accepted = 0
+        while accepted < len(drafts) and rows[accepted] == drafts[accepted]:
+            accepted += 1
+        token_lists.append(rows[: accepted + 1])
+        start += len(drafts) + 1
+    return token_lists
+
+
 def _position_rows(sched: ScheduledRequest, generator: torch.Generator | None) -> list[SamplingRow]:
     """One SamplingRow per scored position: the outputs so far plus the drafts before it."""
     request = sched.request
@@ -158,6 +178,8 @@ def _row_starts(scheduled: Sequence[ScheduledRequest]) -> list[int]:
 
 def _edit_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
     """The sampler's token-level edits (allowed ids, min_tokens, bias, penalties), on a copy."""
+    if metadata.constraints is None and metadata.penalties is None:
+        return logits.float()  # [rows, vocab] nothing edits: a copy only when logits are not float32
     edited = logits.to(torch.float32, copy=True)  # [rows, vocab]
     if metadata.constraints is not None:
         metadata.constraints.apply(edited)

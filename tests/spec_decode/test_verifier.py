@@ -69,3 +69,30 @@ def test_seeded_requests_repeat_whatever_the_batch():
         return out.token_ids[0]
 
     assert run(1) == run(4)
+
+
+def test_all_greedy_batch_matches_the_rejection_sampler():
+    """An all-greedy batch is verified on the host from the argmax alone: the same tokens as
+    rejection.py's batched greedy rule, for drafts of every length and every mismatch point."""
+    from folio.spec_decode.rejection import rejection_sample
+
+    gen = torch.Generator().manual_seed(0)
+    params = SamplingParams(temperature=0, max_tokens=10)
+    scheds, rows = [], []
+    for i in range(40):
+        k = i % 5
+        logits = torch.randn(k + 1, VOCAB, generator=gen)
+        argmax = logits.argmax(-1).tolist()
+        # Drafts that follow the argmax up to a point (each one in turn), then differ.
+        cut = (i // 5) % (k + 1)
+        drafts = tuple(argmax[j] if j < cut else (argmax[j] + 1) % VOCAB for j in range(k))
+        scheds.append(_sched(i, params, drafts))
+        rows.append(logits)
+    logits = torch.cat(rows)
+    verified = SpecVerifier(VOCAB, seed=0, device=torch.device("cpu")).verify(logits, scheds, lambda s: None)
+    num_drafts = torch.tensor([len(s.spec_token_ids) for s in scheds])
+    draft_ids = torch.tensor([t for s in scheds for t in (*s.spec_token_ids, 0)])
+    tokens, accepted = rejection_sample(None, logits.argmax(-1), draft_ids, num_drafts, torch.ones(40, dtype=torch.bool))
+    expected = [row[: n + 1] for row, n in zip(tokens.tolist(), accepted.tolist())]
+    assert verified.token_ids == expected
+    assert {len(t) for t in expected} == {1, 2, 3, 4, 5}
