@@ -99,8 +99,8 @@ quant) part quant  # issue 13: FP8 W1 vs bf16 on the 8B, int4 batch-1 decode, FP
 spec-pair) part spec-pair  # issue 15: train the draft/target pair into /tmp/spec-pair (kept for the lease)
   [ -d /tmp/spec-pair/target ] || timeout 400 python3 -m folio.benchmarks.spec_decode_pair --out /tmp/spec-pair --device cuda --steps ${SPEC_STEPS:-1500} 2>&1 | grep -vE "it/s" | tail -6 ;;
 spec) part spec  # issue 15: batch-1 draft and n-gram speedups, batch-64 cost
-  timeout 400 python3 -m folio.benchmarks.spec_decode --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft --k 4 \
-    2>&1 | grep -vE "INFO|it/s" | tail -30 | tee "$OUT/spec.txt" ;;
+  timeout 400 python3 -m folio.benchmarks.spec_decode --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft --k 4 6 \
+    2>&1 | grep -vE "INFO|it/s" | tail -40 | tee "$OUT/spec.txt" ;;
 lora) part lora  # issue 14: base vs 1 adapter vs 8 adapters round-robin on W1, Llama-3.1-8B
   timeout 500 python3 scripts/bench_lora.py --config llama-3.1-8b --adapters 8 --rank 16 --json "$OUT/lora-w1.json" 2>&1 | grep -vE "INFO|it/s" | tail -15 ;;
 dashboard) part dashboard  # issue 18: what the dashboard's polling costs W1 through HTTP
