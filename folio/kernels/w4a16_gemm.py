@@ -206,17 +206,20 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
             split_k *= 2
         return dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4)
     block_k = 64 if group_size % 64 == 0 else 32
-    if m <= 16:
-        block_m, block_n, warps = 16, 64, 4
+    busy, steps, stages = 2, 4, None  # programs per SM to aim for; min K steps per split; pipeline depth
+    if m <= 16:  # measured (docs/perf-notes.md, session 5): 128-deep K steps, 4 stages, ~4 programs per SM, >= 8 steps per split
+        block_m, block_n, warps, busy, steps, stages = 16, 64, 4, 4, 8, 4
+        block_k = 128 if group_size % 128 == 0 else block_k
     elif m <= 64:
         block_m, block_n, warps = 32, 64, 4
     else:
         block_m, block_n, warps = 64, 128, 8
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     split_k = 1
-    while tiles * split_k < 2 * num_sms and k // (block_k * split_k * 2) >= 4:
+    while tiles * split_k < busy * num_sms and k // (block_k * split_k * 2) >= steps:
         split_k *= 2
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=warps)
+    config = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=warps)
+    return config if stages is None else {**config, "num_stages": stages}
 
 
 def w4a16_gemm_triton(

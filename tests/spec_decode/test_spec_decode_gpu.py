@@ -1,5 +1,5 @@
-"""Speculative decoding on a GPU: the Triton attention kernels, CUDA graphs for the plain decode
-steps (verify and draft steps run eager), float32 so that the verify step's multi-token
+"""Speculative decoding on a GPU: the Triton attention kernels, CUDA graphs for decode and verify
+steps and for the draft's own steps, float32 so that the verify step's multi-token
 attention and the decode kernel agree to the last argmax. Greedy outputs must equal the engine
 without speculation; the draft = target pair must accept nearly every draft."""
 
@@ -28,8 +28,8 @@ def paths(tmp_path_factory) -> dict[str, str]:
 
 
 def _llm(paths, spec=None, **kwargs) -> LLM:
-    kwargs = {"num_gpu_blocks_override": 256, **kwargs}  # the preempting runs pass fewer blocks
-    return LLM(model=paths["llama"], dtype="float32", device="cuda", max_model_len=256, speculative_config=spec, **kwargs)
+    kwargs = {"num_gpu_blocks_override": 256, "max_model_len": 256, **kwargs}  # the preempting runs pass fewer blocks
+    return LLM(model=paths["llama"], dtype="float32", device="cuda", speculative_config=spec, **kwargs)
 
 
 @pytest.mark.parametrize("spec_kind", ["ngram", "draft-other", "draft-same"])
@@ -40,7 +40,8 @@ def test_greedy_outputs_unchanged_on_gpu(paths, spec_kind, small):
         if spec_kind == "ngram"
         else {"model": paths["qwen3" if spec_kind == "draft-other" else "llama"], "num_speculative_tokens": 4}
     )
-    kwargs = dict(num_gpu_blocks_override=24, block_size=8, max_num_batched_tokens=32) if small else {}
+    # 24 blocks of 8 (192 tokens) hold one request of max_model_len 128 but not the four of ~60 tokens.
+    kwargs = dict(num_gpu_blocks_override=24, block_size=8, max_num_batched_tokens=32, max_model_len=128) if small else {}
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     want = _llm(paths, **kwargs).generate(PROMPTS, params, use_tqdm=False)
     llm = _llm(paths, spec, **kwargs)
