@@ -5,7 +5,8 @@
 Three workloads (each --k value gets its own batch-1 rows), greedy, EOS ignored (every request makes exactly --output-len tokens):
 - batch 1, plain prompts (the opening of corpus documents): draft model vs none;
 - batch 1, copy-heavy prompts (a document, then its opening again, so the output quotes the
-  prompt): n-gram vs none;
+  prompt): n-gram vs none, --copy-output-len tokens (64: the demo corpus's documents are ~100-170
+  tokens, so the whole output is the quote; past the document's end it is no longer copying);
 - batch --batch (64), plain prompts: the cost of speculation at large batch (draft model and
   n-gram, each also with disable_by_batch_size).
 Each configuration is a fresh engine; the clock covers `generate` only, after a warm-up that
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--draft", required=True)
     parser.add_argument("--k", type=int, nargs="+", default=[4], help="num_speculative_tokens (several: a row each)")
     parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--copy-output-len", type=int, default=64, help="tokens per copy-heavy request")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=8, help="batch-1 requests, run one after another")
     parser.add_argument("--device", default="auto")
@@ -104,7 +106,8 @@ def main() -> None:
     rows = []
     for workload, spec, prompts, batch in runs:
         groups = [[p] for p in prompts] if batch == 1 else [prompts]  # batch 1: one request at a time
-        result = run_one(args.target, spec, groups, args.output_len, max_num_seqs=max(batch, 8), **engine)
+        output_len = args.copy_output_len if "copy-heavy" in workload else args.output_len
+        result = run_one(args.target, spec, groups, output_len, max_num_seqs=max(batch, 8), **engine)
         outputs = result.pop("outputs")
         if spec is None:
             baseline[workload] = (result["tokens_per_s"], outputs)

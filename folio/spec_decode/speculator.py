@@ -9,6 +9,8 @@ untouched; such requests never get drafts (Request.can_speculate).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from folio.config import EngineConfig
@@ -53,6 +55,9 @@ class Speculator:
         # eager, slower than the decode steps they replace, so drafting pauses above it.
         self.max_graph_tokens: int | None = None
         self._paused = False
+        self._step_paused: bool | None = None  # observe()'s decision for the step in flight
+        # Requests whose draft K/V misses a paused step's tokens: they never draft again.
+        self.stale: set[str] = set()
         logger.info("Speculative decoding: %s, %d tokens per step", spec.method, spec.num_speculative_tokens)
 
     @property
@@ -60,9 +65,26 @@ class Speculator:
         """Slots past a step the proposer writes its own K/V into (draft models only)."""
         return self.proposer.k if self.proposer.kv_bytes_per_block else 0
 
-    def observe(self, inputs: StepInputs) -> None:
-        """The step's batch, right after the target's forward is queued (Proposer.observe)."""
-        self.proposer.observe(inputs)
+    def observe(self, scheduled: list[ScheduledRequest], inputs: StepInputs) -> None:
+        """The step's batch, right after the target's forward is queued: decide whether this
+        step drafts (_pause_for), and if it does not, skip a draft model's pass over the batch
+        too, so that a paused speculator costs (nearly) nothing. Its K/V then misses this step's
+        tokens, so every request in the batch becomes stale: it runs to the end without drafts
+        (new requests draft again once the pause ends)."""
+        sampling = [*inputs.sampling_batch_indices, *inputs.verify_batch_indices]
+        drafting = sum(1 for i in sampling if self._may_draft(scheduled[i]))
+        self._step_paused = self._pause_for(len(sampling), drafting)
+        if self._step_paused and self.proposer.kv_bytes_per_block:
+            self.stale.update(s.request_id for s in scheduled)
+        elif any(self._may_draft(s) for s in scheduled):  # else no one would read the draft's K/V
+            self.proposer.observe(inputs)
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Requests that finished: nothing to remember about them."""
+        self.stale.difference_update(request_ids)
+
+    def _may_draft(self, sched: ScheduledRequest) -> bool:
+        return sched.request.can_speculate and sched.request_id not in self.stale
 
     def verify(
         self,
@@ -80,10 +102,12 @@ class Speculator:
         emitted: dict[int, list[int]],
     ) -> list[list[int]]:
         """Drafts for every scheduled request, [] for those that get none."""
-        drafting = sum(1 for i in emitted if scheduled[i].request.can_speculate)
-        if self._pause_for(len(emitted), drafting):
-            # A draft model's K/V of this batch is still written: later steps may draft again.
-            emitted = {}
+        if self._step_paused is None:  # observe() did not run for this step
+            self.observe(scheduled, inputs)
+        paused, self._step_paused = self._step_paused, None
+        emitted = {i: tokens for i, tokens in emitted.items() if self._may_draft(scheduled[i])}
+        if paused or not emitted:
+            return [[] for _ in scheduled]
         drafts = self.proposer.propose(ProposalBatch(scheduled, inputs, hidden, emitted))
         return [drafts.get(i, []) for i in range(len(scheduled))]
 
@@ -103,9 +127,11 @@ class Speculator:
             self._paused = too_big
             logger.info(
                 "Speculative decoding %s: %d requests (%d drafting %d tokens) verify %d tokens, %s the largest "
-                "CUDA graph (%d tokens)",
+                "CUDA graph (%d tokens)%s",
                 "paused" if too_big else "resumed", batch_size, drafting, self.proposer.k, tokens,
                 "more than" if too_big else "within", self.max_graph_tokens,
+                "; the draft model skips the batch, whose requests finish without drafts"
+                if too_big and self.proposer.kv_bytes_per_block else "",
             )
         return too_big
 

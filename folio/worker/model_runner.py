@@ -243,6 +243,8 @@ class ModelRunner(StepSampling):
 
     def _forget(self, request_ids: frozenset[str]) -> None:
         self.inputs.forget(request_ids)
+        if self.speculator is not None:
+            self.speculator.forget(request_ids)
         for request_id in request_ids:
             self.generators.pop(request_id, None)
             self.prompt_logprobs_done.pop(request_id, None)

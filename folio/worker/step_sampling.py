@@ -127,7 +127,7 @@ class StepSampling:
         """Verify the drafts of requests that carried some, then draft for the next step.
         Speculative steps are synchronous (engine/llm_engine.py), so tokens come to the host here."""
         assert self.speculator is not None
-        self.speculator.observe(inputs)  # before the first copy to the host below waits
+        self.speculator.observe(scheduled, inputs)  # before the first copy to the host below waits
         emitted: dict[int, list[int]] = {}
         if sampled is not None:
             emitted = {b: [t] for b, t in zip(inputs.sampling_batch_indices, sampled.tolist())}

@@ -159,20 +159,29 @@ def test_seeded_sampling_repeats_and_n_samples(paths, baseline):
     ]
 
 
-def test_drafting_pauses_while_verify_steps_would_outgrow_the_graphs(paths, baseline, caplog):
+def test_drafting_pauses_while_verify_steps_would_outgrow_the_graphs(paths, baseline, caplog, monkeypatch):
     """With decode graphs of at most 8 tokens (as capture sets it on a GPU) and k = 3, a batch of
     3 requests (12 verify tokens) gets no drafts and a batch of 2 (8 tokens) does; the pause and
-    the resumption are logged, and outputs stay those of the engine without speculation."""
+    the resumption are logged, and outputs stay those of the engine without speculation. While
+    paused the draft model skips the batch (its requests become stale and finish without
+    drafts), so a paused speculator costs no draft forwards; new requests draft again."""
     llm = _llm(paths, _spec(paths, "draft-same"))
     speculator = llm.llm_engine.runner.speculator
     speculator.max_graph_tokens = 8
     stats = llm.llm_engine.scheduler.spec_stats
+    mirrored = []
+    mirror = speculator.proposer._mirror
+    monkeypatch.setattr(speculator.proposer, "_mirror", lambda inputs: (mirrored.append(1), mirror(inputs)))
     with caplog.at_level("INFO", logger="folio.spec_decode.speculator"):
         batched = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
-        assert stats.num_drafts == 0
+        assert stats.num_drafts == 0 and not mirrored
+        assert speculator.stale == {o.request_id for o in batched}
         pair = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
-    assert stats.num_drafts > 0
+    assert stats.num_drafts > 0 and mirrored
+    assert not speculator.stale  # finished requests are forgotten (at the next step)
     assert "Speculative decoding paused: 3 requests (3 drafting 3 tokens) verify 12 tokens, more than" in caplog.text
-    assert "Speculative decoding resumed: 2 requests (2 drafting 3 tokens) verify 8 tokens, within" in caplog.text
+    assert "the draft model skips the batch, whose requests finish without drafts" in caplog.text
+    # The stale batch of 3 verifies 3 tokens a step: the pause ends, and nothing drafts.
+    assert "Speculative decoding resumed: 3 requests (0 drafting 3 tokens) verify 3 tokens, within" in caplog.text
     assert _summary(batched) == _summary(baseline.generate(PROMPTS[:3], GREEDY, use_tqdm=False))
     assert _summary(pair) == _summary(baseline.generate(PROMPTS[:2], GREEDY, use_tqdm=False))

@@ -13,7 +13,7 @@ from folio.spec_decode.speculator import Speculator
 
 def _speculator(k: int, max_graph_tokens: int) -> Speculator:
     speculator = Speculator.__new__(Speculator)  # no model: only the pause's state
-    speculator.proposer = SimpleNamespace(k=k)
+    speculator.proposer = SimpleNamespace(k=k, kv_bytes_per_block=0)
     speculator.disable_by_batch_size = None
     speculator.max_graph_tokens = max_graph_tokens
     speculator._paused = False
