@@ -28,6 +28,18 @@ DEQUANT_MIN_M = 256
 
 
 @triton.jit
+def _group_scale_zero(s_ptr, z_ptr, group, stride_sg, rn, n_ok, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Scale and zero point [BLOCK_N] float32 of one quantization group (BLOCK_K divides GROUP,
+    so each K step reads one group's row); zero 8 when the format has none (symmetric)."""
+    s = tl.load(s_ptr + group * stride_sg + rn, mask=n_ok, other=0.0)
+    if HAS_ZEROS:
+        z = tl.load(z_ptr + group * stride_sg + rn, mask=n_ok, other=0).to(tl.float32)
+    else:
+        z = tl.full((BLOCK_N,), 8.0, tl.float32)
+    return s, z
+
+
+@triton.jit
 def _w4a16_kernel(
     a_ptr,  # [M, K] fp16/bf16/fp32
     qw_ptr,  # [K / 8, N] int32
@@ -79,12 +91,7 @@ def _w4a16_kernel(
         )  # [BLOCK_K / 8, BLOCK_N] int32: each word read once
         nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
         q = tl.reshape(nibbles, (BLOCK_K, BLOCK_N)).to(tl.float32)  # row 8i + j = nibble j of word i
-        group = k0 // GROUP  # BLOCK_K divides GROUP: one group per step
-        s = tl.load(s_ptr + group * stride_sg + rn, mask=n_ok, other=0.0)  # [BLOCK_N]
-        if HAS_ZEROS:
-            z = tl.load(z_ptr + group * stride_sg + rn, mask=n_ok, other=0).to(tl.float32)
-        else:
-            z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
         w = ((q - z[None, :]) * s[None, :]).to(a.dtype)  # [BLOCK_K, BLOCK_N]
         acc += tl.dot(a, w, input_precision=DOT_PRECISION)
     c = c_ptr + pid_k * stride_cs + rm[:, None] * stride_cm + rn[None, :]
@@ -133,12 +140,7 @@ def _w4a16_gemv_kernel(
         )  # [BLOCK_K / 8, BLOCK_N] int32
         q = ((packed[:, None, :] >> shifts[None, :, None]) & 0xF).to(tl.float32)  # [BLOCK_K / 8, 8, BLOCK_N]
         dot = tl.sum(tl.sum(q * a[:, :, None], axis=1), axis=0)  # [BLOCK_N]
-        group = k0 // GROUP  # BLOCK_K divides GROUP: one group per step
-        s = tl.load(s_ptr + group * stride_sg + rn, mask=n_ok, other=0.0)  # [BLOCK_N]
-        if HAS_ZEROS:
-            z = tl.load(z_ptr + group * stride_sg + rn, mask=n_ok, other=0).to(tl.float32)
-        else:
-            z = tl.full((BLOCK_N,), 8.0, tl.float32)
+        s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
         acc += s * (dot - z * tl.sum(tl.sum(a, axis=1), axis=0))
     tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
 
