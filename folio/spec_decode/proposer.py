@@ -46,6 +46,9 @@ class Proposer(ABC):
         step's tokens come to the host: a draft model queues its own pass over it here, so that
         pass runs on the GPU while the host verifies. Nothing by default."""
 
+    def forget(self, request_ids) -> None:  # noqa: ANN001 (an iterable of request ids)
+        """Requests that finished: drop whatever the proposer kept for them."""
+
     # ---- K/V of its own (draft models); none by default ------------------------------------
     @property
     def kv_bytes_per_block(self) -> int:

@@ -82,6 +82,7 @@ class Speculator:
     def forget(self, request_ids: Iterable[str]) -> None:
         """Requests that finished: nothing to remember about them."""
         self.stale.difference_update(request_ids)
+        self.proposer.forget(request_ids)
 
     def _may_draft(self, sched: ScheduledRequest) -> bool:
         return sched.request.can_speculate and sched.request_id not in self.stale
