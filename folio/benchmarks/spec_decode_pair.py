@@ -3,9 +3,15 @@ trained on the demo corpus with the demo tokenizer, so acceptance rates are real
 
     python -m folio.benchmarks.spec_decode_pair --out /tmp/spec-pair --device cuda
 
-writes OUT/draft (the demo model's shape, ~0.7 M parameters) and OUT/target (~120 M
-parameters, 12 layers of width 1024). On an H100 both train in a few minutes; on a CPU use
---target-layers 2 --target-hidden 256 --steps 20 --batch-size 4 for a quick check.
+writes OUT/draft (2 layers of width 128, ~0.5 M parameters) and OUT/target (24 layers of width
+512, ~75 M parameters). At batch 1 both are bound by kernel launches, not by bytes, so what
+decides speculation's gain is the draft's cost per step relative to the target's: latency
+scales with depth, hence a deep target and a shallow draft (~1/12 of its step, like EAGLE's
+one-layer draft heads against a 32-layer model; real 8B/1B pairs sit near 1/4 but their target
+steps are 6 ms, not ~1 ms, so fixed per-step host work weighs less). The session-5 pair (12 x
+1024 target, 3 x 128 draft) is `--target-layers 12 --target-hidden 1024 --draft-layers 3`.
+On an H100 both train in a few minutes; on a CPU use --target-layers 2 --target-hidden 256
+--steps 20 --batch-size 4 for a quick check.
 """
 
 from __future__ import annotations
@@ -30,12 +36,18 @@ def target_shape(hidden: int, layers: int) -> DemoModelShape:
 
 
 def build_pair(
-    out: str, device: str, steps: int, target_hidden: int, target_layers: int, batch_size: int = 32
+    out: str,
+    device: str,
+    steps: int,
+    target_hidden: int,
+    target_layers: int,
+    batch_size: int = 32,
+    draft_layers: int = 2,
 ) -> tuple[str, str]:
     """Train and save the draft and the target; returns their folders."""
     draft, target = os.path.join(out, "draft"), os.path.join(out, "target")
     recipe = TrainingRecipe(steps=steps, batch_size=batch_size, seq_len=128, num_threads=os.cpu_count() or 1)
-    build_demo_model(draft, DemoModelShape(), replace(recipe, lr=5e-3), device=device)
+    build_demo_model(draft, DemoModelShape(num_hidden_layers=draft_layers), replace(recipe, lr=5e-3), device=device)
     build_demo_model(target, target_shape(target_hidden, target_layers), replace(recipe, lr=1e-3), device=device)
     return draft, target
 
@@ -45,12 +57,13 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="folder for draft/ and target/")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--target-hidden", type=int, default=1024)
-    parser.add_argument("--target-layers", type=int, default=12)
+    parser.add_argument("--target-hidden", type=int, default=512)
+    parser.add_argument("--target-layers", type=int, default=24)
+    parser.add_argument("--draft-layers", type=int, default=2, help="the draft: the demo shape with this many layers")
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
     draft, target = build_pair(
-        args.out, args.device, args.steps, args.target_hidden, args.target_layers, args.batch_size
+        args.out, args.device, args.steps, args.target_hidden, args.target_layers, args.batch_size, args.draft_layers
     )
     print(f"draft: {draft}\ntarget: {target}")
 
