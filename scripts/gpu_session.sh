@@ -90,9 +90,10 @@ structured) part structured  # issue 10: W1 with a JSON schema on every request 
   timeout 400 python3 -m folio bench throughput --structured json-schema --workload w1 --model $QWEN $COMMON \
     --no-progress --json "$OUT/structured-w1.json" 2>&1 | grep -vE "INFO|it/s" | tail -25 ;;
 quant) part quant  # issue 13: FP8 W1 vs bf16 on the 8B, int4 batch-1 decode, FP8 KV blocks
-  for Q in "" "--quantization fp8"; do
-    timeout 240 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --no-floor $Q \
-      --no-progress --json "$OUT/quant-w1${Q:+-fp8}.json" 2>&1 | grep -vE "INFO|it/s" | tail -8
+  for Q in bf16 fp8 fp8-kv; do  # FP8 weights, then FP8 weights with the FP8 KV cache
+    case $Q in bf16) A="";; fp8) A="--quantization fp8";; fp8-kv) A="--quantization fp8 --kv-cache-dtype fp8";; esac
+    timeout 240 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --no-floor $A \
+      --no-progress --json "$OUT/quant-w1-$Q.json" 2>&1 | grep -vE "INFO|it/s" | tail -8
   done
   timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 2>&1 | grep -vE "INFO|it/s" | tail -12
   timeout 200 python3 -m folio.benchmarks.quantization kv-blocks --model $LLAMA --dtype bfloat16 --max-model-len 131072 2>&1 | grep -vE "INFO|it/s" | tail -8 ;;
