@@ -6,6 +6,8 @@ drafts. n goes from prompt_lookup_max down to prompt_lookup_min, so the longest 
 per call: ~0.3 ms at 4,000 tokens, per request and step). The proposer gets the same answer from
 `NgramIndex`, kept per request and extended by the tokens each step adds: per n, a dict from
 each n-gram to the position after its latest occurrence, so a lookup is one dict probe per n.
+Its memory: ~130 bytes per token and n (a 4,000-token request with n = 2..4: 1.6 MB measured), kept
+only while the request runs.
 """
 
 from __future__ import annotations
