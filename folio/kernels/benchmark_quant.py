@@ -28,10 +28,13 @@ SWEEP_W4A16 = [
     (64, 64, None, 4, 3), (64, 128, None, 4, 4), (32, 128, None, 4, 4), (128, 128, None, 4, 4),
     (64, 128, 1, 4, 4), (32, 128, 1, 2, 5), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (128, 128, 2, 8, 4),
 ]
-# Candidate GEMV configs for one token: (BLOCK_N, BLOCK_K, SPLIT_K (None: pick_config's), num_warps, num_stages)
+# Candidate GEMV configs for one token: (BLOCK_N, BLOCK_K, SPLIT_K (None: pick_config's), num_warps,
+# num_stages, REDUCE: the split-K sum by each tile's last program instead of a second launch)
 SWEEP_GEMV = [
-    (64, 128, None, 4, None), (256, 128, None, 8, None), (128, 64, None, 4, None), (128, 128, None, 8, None),
-    (128, 128, None, 4, 4), (256, 64, None, 4, None), (64, 64, None, 2, None),
+    (64, 128, None, 4, None, 0), (256, 128, None, 8, None, 0), (128, 64, None, 4, None, 0),
+    (128, 128, None, 8, None, 0), (128, 128, None, 4, 4, 0), (256, 64, None, 4, None, 0),
+    (64, 64, None, 2, None, 0), (128, 128, None, 4, None, 1), (64, 64, None, 2, None, 1),
+    (256, 64, None, 4, None, 1), (128, 128, None, 4, 4, 1),
 ]
 
 
@@ -64,14 +67,14 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
             if split_k is not None:
                 cfg["SPLIT_K"] = split_k
             configs.append((f"dot n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}", cfg))
-        for block_n, block_k, split_k, warps, stages in SWEEP_GEMV if m == 1 else []:
-            cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+        for block_n, block_k, split_k, warps, stages, reduce in SWEEP_GEMV if m == 1 else []:
+            cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, REDUCE=reduce)
             tiles, cfg["SPLIT_K"] = -(-n // block_n), split_k or 1
             while split_k is None and tiles * cfg["SPLIT_K"] < 4 * _sms(device) and k // (block_k * cfg["SPLIT_K"] * 2) >= 2:
                 cfg["SPLIT_K"] *= 2
             if stages is not None:
                 cfg["num_stages"] = stages
-            configs.append((f"gemv n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}", cfg))
+            configs.append((f"gemv n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}{' reduce' * reduce}", cfg))
     rows = []
     for label, cfg in configs:
         def run(cfg=cfg):

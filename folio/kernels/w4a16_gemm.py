@@ -112,14 +112,21 @@ def _w4a16_gemv_kernel(
     stride_qk,
     stride_sg,
     stride_cs,
+    out_ptr,  # [1, N] the output dtype (REDUCE only)
+    counter_ptr,  # [cdiv(N, BLOCK_N)] int32, zero between calls (REDUCE only)
     GROUP: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    REDUCE: tl.constexpr,
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
-    out of the sum (sum_k a_k (q_kn - z_n) s_n = s_n (sum_k a_k q_kn - z_n sum_k a_k))."""
+    out of the sum (sum_k a_k (q_kn - z_n) s_n = s_n (sum_k a_k q_kn - z_n sum_k a_k)).
+    REDUCE: the last of a column tile's SPLIT_K programs to finish (a counter per tile, taken
+    with acq_rel after a barrier) adds the tile's partials in split order and writes the output,
+    then zeroes the counter: one launch per GEMM instead of two."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -143,6 +150,14 @@ def _w4a16_gemv_kernel(
         s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
         acc += s * (dot - z * tl.sum(tl.sum(a, axis=1), axis=0))
     tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
+    if REDUCE:
+        tl.debug_barrier()  # every thread's partial is stored before the counter moves
+        if tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for split in range(SPLIT_K):  # split order, whatever order the programs ended in
+                total += tl.load(c_ptr + split * stride_cs + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+            tl.atomic_xchg(counter_ptr + pid_n, 0)
 
 
 @triton.jit
@@ -240,6 +255,7 @@ def w4a16_gemm_triton(
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
     cfg = dict(config or pick_config(m, n, k, group_size, sms))
     gemv = bool(cfg.pop("GEMV", 0))
+    reduce_in_kernel = bool(cfg.pop("REDUCE", 0))  # GEMV only: the split-K sum in the same launch
     if gemv and m != 1:
         raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
     split_k = cfg.pop("SPLIT_K")
@@ -254,11 +270,18 @@ def w4a16_gemm_triton(
     out = torch.empty((split_k, m, n), dtype=out_dtype, device=x.device)
     zeros_arg = zeros if zeros is not None else scales
     if gemv:
-        _w4a16_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split_k)](
+        tiles = triton.cdiv(n, cfg["BLOCK_N"])
+        reduce = reduce_in_kernel and split_k > 1
+        result = torch.empty((m, n), dtype=x.dtype, device=x.device) if reduce else out
+        _w4a16_gemv_kernel[(tiles, split_k)](
             x, qweight, scales, zeros_arg, out, n, k, k_per_split,
             x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
-            GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, **launch,
+            result, _split_counters(tiles, x.device) if reduce else out,
+            GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
+            SPLIT_K=split_k, REDUCE=reduce, **launch,
         )
+        if reduce:
+            return result  # [1, N]
     else:
         grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split_k)
         _w4a16_kernel[grid](
@@ -274,6 +297,19 @@ def w4a16_gemm_triton(
     block = 1024
     _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, result, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
     return result  # [M, N]
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(tiles: int, device: torch.device) -> torch.Tensor:
+    """The REDUCE GEMV's per-tile counters: zero between launches (each tile's last program
+    zeroes its own), shared by every GEMM on the device (launches on one stream never overlap),
+    grown when a wider GEMM comes (before any CUDA graph capture: the runner's warm-up)."""
+    counters = _COUNTERS.get(device)
+    if counters is None or counters.numel() < tiles:
+        counters = _COUNTERS[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    return counters
 
 
 def unpack_rows(qweight: torch.Tensor) -> torch.Tensor:

@@ -54,18 +54,21 @@ def test_kernel_matches_dequantize_then_matmul(device, m, k, n, group, asym, spl
     [(64, 24, 32, False, 1, 16, 32), (96, 37, 32, True, 2, 32, 32), (256, 40, 128, True, 2, 16, 64),
      (384, 17, 128, False, 4, 32, 128), (128, 9, 64, True, 1, 64, 64)],
 )
-def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, split_k, block_n, block_k):
+@pytest.mark.parametrize("reduce", [False, True], ids=["sum-kernel", "reduce-in-kernel"])
+def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, split_k, block_n, block_k, reduce):
     """One token through the GEMV kernel (zero point taken out of the sum), odd N, K not a
-    multiple of the split, with and without zeros."""
+    multiple of the split, with and without zeros; the split-K sum by the second kernel or by
+    each tile's last program (run twice: the counters must be back at zero)."""
     gen = torch.Generator().manual_seed(k + n)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     qweight, scales, zeros, _ = _random_int4(k, n, group, asym, gen, device)
     x = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
-    cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4)
-    out = w4a16_gemm_triton(x, qweight, scales, zeros, group, config=cfg)
+    cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, REDUCE=int(reduce))
     expected = w4a16_reference(x, qweight, scales, zeros, group)
-    assert out.dtype == dtype and out.shape == (1, n)
-    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=1e-2)
+    for _ in range(2):
+        out = w4a16_gemm_triton(x, qweight, scales, zeros, group, config=cfg)
+        assert out.dtype == dtype and out.shape == (1, n)
+        torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=1e-2)
 
 
 def test_gemv_is_the_one_token_default_and_refuses_more_rows():
