@@ -17,6 +17,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from folio.kernels.activation import silu_and_mul
+from folio.kernels.lora_shrink import lora_shrink_triton
+from folio.kernels.lora_silu_and_mul import lora_silu_and_mul_triton
+from folio.kernels.triton_compat import use_triton_for
 from folio.layers.linear import LinearBase
 from folio.lora.adapter import LoRAAdapter
 from folio.lora.delta import add_lora_delta
@@ -83,6 +87,18 @@ class LoRALinear(nn.Module):
             return y if base.bias is None else y + base.bias
         y = base(x)  # [tokens, out_per_partition]
         return self._add_delta(y, x, mapping)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """SiLU-and-mul of this (merged gate/up) layer's output with the delta: on CUDA the delta
+        is added inside the activation kernel (kernels/lora_silu_and_mul.py), sparing the
+        expand's read and write of the whole [tokens, 2 * inter] output; elsewhere the
+        unfused path. LlamaMLP calls it when its gate_up projection is a LoRALinear."""
+        y = self.base_layer(x)  # [tokens, 2 * inter_per_partition] column-parallel: no reduce
+        mapping = self.current_mapping()
+        if mapping.any_adapter and use_triton_for(x) and len(self.shard_sizes) == 2:
+            shrunk = lora_shrink_triton(x, self.lora_a, mapping.sorted_tokens, mapping.blocks)
+            return lora_silu_and_mul_triton(y, shrunk, self.lora_b, mapping.sorted_tokens, mapping.act_blocks)
+        return silu_and_mul(self._add_delta(y, x, mapping))
 
     def _add_delta(self, y: torch.Tensor, x: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
         return add_lora_delta(y, x, self.lora_a, self.lora_b, mapping, self.shard_sizes, self.shard_offsets)

@@ -161,6 +161,9 @@ class LlamaMLP(nn.Module):
         self.act_fn = gated_activation(args.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = getattr(self.gate_up_proj, "silu_and_mul", None)  # a LoRA layer: its delta inside the activation
+        if fused is not None:
+            return self.down_proj(fused(x))  # [tokens, hidden]
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # [tokens, hidden]
 
 

@@ -113,3 +113,23 @@ def test_samples_and_beams_keep_their_adapter(case, llm):
     (beams,) = llm.beam_search([{"prompt_token_ids": prompts[2]}], BeamSearchParams(beam_width=1, max_tokens=MAX_NEW,
                                ignore_eos=True), lora_request=adapters["small"])
     assert beams.sequences[0].tokens[len(prompts[2]):] == refs["small"][2]
+
+
+def test_gate_up_delta_fused_into_the_activation_matches_peft(case, monkeypatch):
+    """The CUDA path of the gate/up layers (shrink, then the delta added inside SiLU-and-mul:
+    kernels/lora_silu_and_mul.py) run through the Triton interpreter on the CPU, in a batch that
+    mixes the base model and both adapters: PEFT's tokens."""
+    import folio.lora.layers as layers
+
+    calls = []
+    fused = layers.lora_silu_and_mul_triton
+    monkeypatch.setattr(layers, "use_triton_for", lambda x: True)
+    monkeypatch.setattr(layers, "lora_silu_and_mul_triton", lambda *a: (calls.append(1), fused(*a))[1])
+    base, prompts, refs, adapters = case
+    llm = _llm(base)
+    names = ["base", "small", "wide"]
+    requests = [None, adapters["small"], adapters["wide"]]
+    prompt_dicts = [{"prompt_token_ids": p} for p in prompts for _ in names]
+    got = _tokens(llm.generate(prompt_dicts, _greedy(), use_tqdm=False, lora_request=requests * len(prompts)))
+    assert got == [refs[name][i] for i in range(len(prompts)) for name in names]
+    assert calls  # the fused kernel ran

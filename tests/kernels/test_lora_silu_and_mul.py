@@ -1,0 +1,61 @@
+"""The gate/up LoRA delta fused into SiLU-and-mul against the unfused path (expand, then the
+activation), through the real step mapping (padding tokens included); the activation's block
+plan covers every token exactly once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from folio.kernels.lora_shrink import block_m, lora_shrink_reference, lora_shrink_triton
+from folio.kernels.lora_silu_and_mul import lora_silu_and_mul_reference, lora_silu_and_mul_triton
+from folio.lora.mapping import LoRAMappingBuffers
+from tests.kernels.test_lora import _case, _stack
+
+# bf16: a last-bit difference in the delta can flip gate's rounding by one step (1/16 at ~8),
+# which the product with up (~8) makes 0.5: a relative tolerance of a few bf16 steps.
+TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (0.1, 4e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tokens", "padded", "ranks", "none_fraction"),
+                         [(9, 9, [2], 0.0), (13, 16, [4, 8, 3], 0.3), (70, 72, [8, 8], 0.5), (5, 8, [4], 1.0)])
+def test_fused_activation_equals_expand_then_activation(device, dtype, tokens, padded, ranks, none_fraction):
+    k, inter, r_max = 40, 24, 8
+    adapters, slots, x = _case(tokens, k, [inter, inter], ranks, r_max, seed=tokens, none_fraction=none_fraction)
+    a, b = _stack(adapters, [inter, inter], k, r_max, dtype, device)
+    buffers = LoRAMappingBuffers(128, len(ranks), device)
+    mapping = buffers.write(slots.numpy(), padded)
+    xd = torch.zeros(padded, k, dtype=dtype, device=device)
+    xd[:tokens] = x.to(device, dtype)
+    y = (torch.randn(padded, 2 * inter, generator=torch.Generator().manual_seed(1)) * 3).to(device, dtype)
+    shrunk = lora_shrink_triton(xd, a, mapping.sorted_tokens, mapping.blocks)
+    got = lora_silu_and_mul_triton(y, shrunk, b, mapping.sorted_tokens, mapping.act_blocks)
+    want = lora_silu_and_mul_reference(y, lora_shrink_reference(xd, a, mapping.token_slots), b, mapping.token_slots)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
+    plain = torch.nn.functional.silu(y[:, :inter].float()) * y[:, inter:].float()
+    without = torch.cat((slots < 0, torch.ones(padded - tokens, dtype=torch.bool)))
+    torch.testing.assert_close(got.float()[without], plain[without], atol=atol, rtol=rtol)  # no delta there
+    if none_fraction < 1.0:
+        assert not torch.allclose(got.float()[~without], plain[~without], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize(("tokens", "padded"), [(7, 8), (100, 100), (1500, 1536)])
+def test_activation_blocks_cover_every_token_once(tokens, padded):
+    rng = np.random.default_rng(tokens)
+    slots = rng.integers(-1, 3, tokens)
+    buffers = LoRAMappingBuffers(2048, 3, torch.device("cpu"))
+    mapping = buffers.write(slots, padded)
+    sorted_tokens = mapping.sorted_tokens.numpy()
+    covered = np.zeros(padded, dtype=int)
+    blocks = mapping.act_blocks
+    for slot, start, end in zip(blocks.slots.numpy(), blocks.starts.numpy(), blocks.ends.numpy()):
+        if slot < 0:
+            continue
+        members = sorted_tokens[start : min(start + block_m(padded), end)]
+        want = slot if slot < 3 else -1  # slot 3 = max_loras: the tokens without an adapter
+        assert all((slots[t] if t < tokens else -1) == want for t in members)
+        covered[members] += 1
+    assert covered.tolist() == [1] * padded
