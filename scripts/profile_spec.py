@@ -55,6 +55,10 @@ def profile(target: str, spec: dict | None, prompts: list[str], output_len: int,
     counter.clear()
     if args_compiles:
         log_compiles()
+    if gpu_profile:
+        gpu_timeline(llm, prompts, params, spec)
+        del llm
+        return
     prof = cProfile.Profile()
     start = time.perf_counter()
     prof.enable()
@@ -72,6 +76,30 @@ def profile(target: str, spec: dict | None, prompts: list[str], output_len: int,
 
 
 args_compiles = True
+gpu_profile = False
+
+
+def gpu_timeline(llm, prompts: list[str], params: SamplingParams, spec: dict | None) -> None:  # noqa: ANN001
+    """How much of the wall time the GPU was busy, and on what: torch.profiler's device time of
+    every kernel and copy over the same requests (no cProfile: its overhead would hide gaps)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        tokens = sum(len(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids) for p in prompts)
+        sync()
+    wall = time.perf_counter() - start
+    events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    busy_us = sum(e.self_device_time_total for e in events)
+    print(f"\n##### GPU timeline, spec={spec}: {tokens} tokens in {wall:.3f} s (under the profiler); "
+          f"device busy {busy_us / 1e3:.1f} ms = {busy_us / 1e4 / wall:.0f}% of the wall time")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:
+        print(f"  {e.self_device_time_total / 1e3:9.1f} ms  {e.count:7d}x  {e.key[:90]}")
 
 
 def main() -> None:
@@ -81,7 +109,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--top", type=int, default=35)
+    parser.add_argument("--gpu-timeline", action="store_true", help="torch.profiler device time instead of cProfile")
     args = parser.parse_args()
+    global gpu_profile
+    gpu_profile = args.gpu_timeline
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     draft = {"model": args.draft, "num_speculative_tokens": 4}
     profile(args.target, None, copy_prompts(args.prompts), args.output_len, args.top)
