@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -32,7 +33,7 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)
     # Speculative decoding: per request, the drafts proposed for its next step ([] for none);
     # None when no proposer runs.
-    spec_token_ids: list[list[int]] | None = None
+    spec_token_ids: list[Sequence[int]] | None = None  # per request; PendingDrafts from a draft model
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -87,8 +88,9 @@ class Request:
     # keeps the state too). Set before the request reaches the scheduler.
     grammar: GrammarState | None = field(default=None, repr=False)
     # Speculative decoding: tokens a proposer drafted to follow all_token_ids, verified by the
-    # request's next step (1 + len of them scheduled); never part of all_token_ids.
-    spec_token_ids: list[int] = field(default_factory=list)
+    # request's next step (1 + len of them scheduled); never part of all_token_ids. A draft
+    # model's are PendingDrafts (core/pending_drafts.py) until something reads their ids.
+    spec_token_ids: Sequence[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from folio.core.pending_drafts import draft_prefix
 from folio.core.request import Request
 from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -20,7 +21,7 @@ class ScheduleStep:
         past_known = start + num_new_tokens - request.num_tokens_with_placeholders
         samples = past_known >= 0
         # Tokens past the known ones are the request's drafts (speculative decoding).
-        drafts = tuple(request.spec_token_ids[:past_known]) if past_known > 0 else ()
+        drafts = draft_prefix(request.spec_token_ids, past_known) if past_known > 0 else ()
         self.scheduled[request.request_id] = ScheduledRequest(
             request, start, num_new_tokens, block_ids, samples, drafts
         )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from folio.core.request import Request
 
@@ -25,8 +26,9 @@ class ScheduledRequest:
     samples: bool
     # Speculative decoding: drafts appended after the request's last token (the last
     # len(spec_token_ids) of num_new_tokens). The step scores every one of them and samples
-    # 1 + (drafts accepted) tokens.
-    spec_token_ids: tuple[int, ...] = ()
+    # 1 + (drafts accepted) tokens. A tuple, or PendingDrafts (core/pending_drafts.py) while a
+    # draft model's values are still on the device: their count is known, not yet their ids.
+    spec_token_ids: Sequence[int] = ()
 
     @property
     def request_id(self) -> str:

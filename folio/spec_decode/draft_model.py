@@ -20,9 +20,14 @@ so a rejected draft's K/V is never read.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from folio.config import ModelConfig
+from folio.core.pending_drafts import PendingDrafts
+from folio.sample.transfer import to_device
+from folio.spec_decode.device_drafts import DeviceDrafts
 from folio.models.loader import load_model
 from folio.spec_decode.draft_steps import DraftSteps
 from folio.spec_decode.proposer import ProposalBatch, Proposer, speculating
@@ -89,12 +94,14 @@ class DraftModelProposer(Proposer):
 
     # ---- drafting -------------------------------------------------------------------------
     @torch.inference_mode()
-    @torch.inference_mode()
     def observe(self, inputs: StepInputs) -> None:
         self._mirror(inputs)  # the draft's K/V of the target's batch, queued behind its forward
         self._observed = inputs
 
-    def propose(self, batch: ProposalBatch) -> dict[int, list[int]]:
+    @torch.inference_mode()
+    def propose(self, batch: ProposalBatch) -> dict[int, Sequence[int]]:
+        """The drafts stay on the device (PendingDrafts over one DeviceDrafts): nothing here
+        waits for the GPU, so the engine's bookkeeping overlaps the k draft steps."""
         if self._observed is not batch.inputs:
             self._mirror(batch.inputs)
         self._observed = None
@@ -108,14 +115,14 @@ class DraftModelProposer(Proposer):
             for i, p in zip(indices, positions)
         ]
         steps = max(limits)
-        drafts: dict[int, list[int]] = {i: [] for i in indices}
+        drafts: dict[int, Sequence[int]] = {i: [] for i in indices}
         if steps == 0:
             return drafts
-        tokens = torch.tensor([batch.emitted[i][-1] for i in indices], dtype=torch.int64, device=self.device)  # [n]
+        tokens = to_device([batch.emitted[i][-1] for i in indices], torch.int64, self.device)  # [n]
         tables = [batch.scheduled[i].block_ids for i in indices]
-        ids = self.steps.run(tokens, positions, tables, limits, steps).tolist()  # [steps][n]: one copy to the host
+        source = DeviceDrafts(self.steps.run(tokens, positions, tables, limits, steps))  # [steps, n]
         for j, (i, limit) in enumerate(zip(indices, limits)):
-            drafts[i] = [ids[step][j] for step in range(limit)]
+            drafts[i] = PendingDrafts(source, j, limit) if limit else []
         return drafts
 
     def _mirror(self, inputs: StepInputs) -> None:

@@ -100,7 +100,10 @@ class DraftSteps:
         self, tokens: torch.Tensor, positions: list[int], tables: list[list[int]], limits: list[int], steps: int
     ) -> torch.Tensor:
         """Draft `steps` tokens for n rows: row i starts from tokens[i] at positions[i] and drafts
-        limits[i] of them. Returns [steps, n] argmaxes (entries past a row's limit are garbage)."""
+        limits[i] of them. Returns [steps, n] argmaxes (entries past a row's limit are garbage),
+        on the device, without waiting for them. The pinned host buffers are rewritten by the
+        next call: the runner reads tokens back (a sync) in every step between two calls, after
+        this call's copies in stream order, so they are never overwritten in flight."""
         n = len(positions)
         assert steps <= self.host_positions.shape[0] and n <= self.sizes[-1]
         bucket = self.bucket_for(n)

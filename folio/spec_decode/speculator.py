@@ -9,13 +9,14 @@ untouched; such requests never get drafts (Request.can_speculate).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from folio.config import EngineConfig
 from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from folio.logger import init_logger
+from folio.spec_decode.device_drafts import fill_pending_drafts
 from folio.spec_decode.proposer import ProposalBatch, Proposer
 from folio.spec_decode.verifier import GeneratorFor, SpecVerifier, VerifiedTokens
 from folio.worker.step_inputs import StepInputBuilder, StepInputs
@@ -79,6 +80,10 @@ class Speculator:
         elif any(self._may_draft(s) for s in scheduled):  # else no one would read the draft's K/V
             self.proposer.observe(inputs)
 
+    def fill_drafts(self, inputs: StepInputs) -> None:
+        """Write drafts still on the device into the step's input ids (before its forward)."""
+        fill_pending_drafts(inputs.input_ids, inputs.pending_drafts)
+
     def forget(self, request_ids: Iterable[str]) -> None:
         """Requests that finished: nothing to remember about them."""
         self.stale.difference_update(request_ids)
@@ -101,8 +106,9 @@ class Speculator:
         inputs: StepInputs,
         hidden: torch.Tensor,
         emitted: dict[int, list[int]],
-    ) -> list[list[int]]:
-        """Drafts for every scheduled request, [] for those that get none."""
+    ) -> list[Sequence[int]]:
+        """Drafts for every scheduled request, [] for those that get none (a draft model's
+        are PendingDrafts: their values still on the device)."""
         if self._step_paused is None:  # observe() did not run for this step
             self.observe(scheduled, inputs)
         paused, self._step_paused = self._step_paused, None

@@ -223,6 +223,8 @@ class ModelRunner(StepSampling):
         if inputs.placeholder_rows:
             request_ids = [scheduled[i].request_id for i in inputs.placeholder_batch_indices]
             self.last_sampled.fill(inputs.input_ids, inputs.placeholder_rows, request_ids)
+        if inputs.pending_drafts and self.speculator is not None:
+            self.speculator.fill_drafts(inputs)
         if self.leads_followers:
             step_broadcast.send_step_plan(inputs, bucket, scheduler_output, self.block_size, self.device)
         if bucket is not None and self.graphs is not None:

@@ -10,6 +10,7 @@ On the CPU every copy is the tensor itself and there is no event: result() retur
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +51,7 @@ class PendingOutput:
         # Speculative decoding (already on the host): batch index -> tokens emitted by a verify
         # step, and their log-probs; drafts for every request's next step.
         self._verified: dict[int, tuple[list[int], list[TokenLogprobs] | None]] = {}
-        self.spec_token_ids: list[list[int]] | None = None
+        self.spec_token_ids: list[Sequence[int]] | None = None  # PendingDrafts from a draft model
 
     # ---- filled during launch ---------------------------------------------------------------
     def add_sampled(self, sampled: torch.Tensor, batch_indices: list[int]) -> None:

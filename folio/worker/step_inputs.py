@@ -20,12 +20,13 @@ b requests x (1 + k) tokens replays the decode CUDA graph of b x (1 + k) sequenc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from folio.attention.metadata import AttentionMetadata
+from folio.core.pending_drafts import PendingDrafts
 from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from folio.worker.block_table import BlockTable
 
@@ -59,6 +60,9 @@ class StepInputs:
     # holds 0 there until the runner gathers them): their rows, and their requests' batch indices.
     placeholder_rows: list[int]
     placeholder_batch_indices: list[int]
+    # Speculative decoding: drafts still on the device (core/pending_drafts.py), each with the
+    # row of its first token; input_ids holds 0 there until fill_pending_drafts writes them.
+    pending_drafts: list[tuple[int, PendingDrafts]] = field(default_factory=list)
 
 
 class _Buffers:
@@ -201,6 +205,7 @@ class StepInputBuilder:
             verify_rows=verify[0],
             placeholder_rows=placeholders[0],
             placeholder_batch_indices=placeholders[1],
+            pending_drafts=self._pending_drafts,
         )
 
     def _fill_token_ids(
@@ -216,6 +221,7 @@ class StepInputBuilder:
         token is a placeholder (the only new token then; see ScheduledRequest), and who
         verifies drafts (all of its rows are scored)."""
         rows, starts, counts, ids = [], [], [], []
+        self._pending_drafts: list[tuple[int, PendingDrafts]] = []
         logits_rows: list[int] = []
         sampling: list[int] = []
         plans: list[PromptLogprobsPlan] = []
@@ -244,8 +250,12 @@ class StepInputBuilder:
                 if start + known > len(tokens):
                     raise ValueError(f"{request.request_id}: a placeholder in a {n}-token chunk.")
                 ids.extend(tokens[start : start + known])
-                if drafts:
+                if isinstance(drafts, PendingDrafts):  # values on the device: filled there
+                    ids.extend([0] * len(drafts))
+                    self._pending_drafts.append((offset + known, drafts))
+                elif drafts:
                     ids.extend(drafts)
+                if drafts:
                     verify[0].extend(range(offset + known - 1, offset + n))
                     verify[1].append(i)
             if request.sampling_params.prompt_logprobs is not None:

@@ -54,6 +54,7 @@ class StepSampling:
             return pending
         scheduled = staged.scheduled
         self._gathers_made = 0
+        emitted: dict[int, list[int]] = {}
         try:
             sampled = None
             if inputs.sampling_batch_indices:
@@ -61,13 +62,17 @@ class StepSampling:
             else:
                 self.last_sampled.record(None, [], [])
             if self.speculator is not None:  # refused with tp > 1: no gathers of its own
-                self._speculate(hidden, inputs, scheduled, sampled, pending)
+                emitted = self._verify(hidden, inputs, scheduled, sampled, pending)
             for plan in inputs.prompt_logprobs_plans:
                 self._score_prompt(hidden, plan, scheduled[plan.batch_index], pending)
         except BaseException:  # Ctrl-C in a logits processor too
             self._join_remaining_gathers(hidden, inputs)
             raise
         pending.seal(self.device)
+        if self.speculator is not None:
+            # After the seal: result() does not wait for the draft model's steps, so the engine
+            # updates requests and schedules the next step while the GPU drafts.
+            pending.spec_token_ids = self.speculator.propose(scheduled, inputs, hidden, emitted)
         return pending
 
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -116,16 +121,17 @@ class StepSampling:
         pending.add_logprobs(result.logprob_token_ids, result.logprobs, result.sampled_ranks, wanted)
         return result.sampled_token_ids
 
-    def _speculate(
+    def _verify(
         self,
         hidden: torch.Tensor,  # [num_tokens, hidden]
         inputs: StepInputs,
         scheduled: list[ScheduledRequest],
         sampled: torch.Tensor | None,  # [sampling rows] from _sample
         pending: PendingOutput,
-    ) -> None:
-        """Verify the drafts of requests that carried some, then draft for the next step.
-        Speculative steps are synchronous (engine/llm_engine.py), so tokens come to the host here."""
+    ) -> dict[int, list[int]]:
+        """Verify the drafts of requests that carried some; returns what each request that
+        sampled emitted (batch index -> tokens), for the proposer. Speculative steps are
+        synchronous (engine/llm_engine.py), so tokens come to the host here."""
         assert self.speculator is not None
         self.speculator.observe(scheduled, inputs)  # before the first copy to the host below waits
         emitted: dict[int, list[int]] = {}
@@ -139,7 +145,7 @@ class StepSampling:
             for b, token_ids, logprobs in zip(inputs.verify_batch_indices, verified.token_ids, verified.logprobs):
                 pending.add_verified(b, token_ids, logprobs)
                 emitted[b] = token_ids
-        pending.spec_token_ids = self.speculator.propose(scheduled, inputs, hidden, emitted)
+        return emitted
 
     def _score_prompt(
         self,
