@@ -19,7 +19,7 @@ import torch
 
 from folio.kernels.activation import silu_and_mul_reference
 from folio.kernels.lora_expand import lora_expand_reference
-from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, num_blocks
+from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, check_mapping, num_blocks
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
 
@@ -84,6 +84,7 @@ def lora_silu_and_mul_triton(
 ) -> torch.Tensor:  # [tokens, inter]
     """Triton launcher (see the module docstring)."""
     _check(y, shrunk, lora_b)
+    check_mapping(y.shape[0], lora_b.shape[0] + 1, sorted_tokens, act_blocks)  # + the no-adapter group
     check_same_device(_lora_silu_and_mul_kernel, y=y, shrunk=shrunk, lora_b=lora_b, sorted_tokens=sorted_tokens)
     tokens, inter = y.shape[0], y.shape[1] // 2
     slots, _, r = lora_b.shape

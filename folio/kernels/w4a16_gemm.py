@@ -300,14 +300,21 @@ def w4a16_gemm_triton(
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []
 
 
 def _split_counters(tiles: int, device: torch.device) -> torch.Tensor:
     """The REDUCE GEMV's per-tile counters: zero between launches (each tile's last program
-    zeroes its own), shared by every GEMM on the device (launches on one stream never overlap),
-    grown when a wider GEMM comes (before any CUDA graph capture: the runner's warm-up)."""
+    zeroes its own), shared by every GEMM on the device (REDUCE GEMMs must run on one stream,
+    one at a time), grown when a wider GEMM comes (outside graph capture; outgrown buffers are
+    kept alive, since a graph captured earlier may still use them)."""
     counters = _COUNTERS.get(device)
     if counters is None or counters.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"w4a16 REDUCE: {tiles} column tiles first seen inside a CUDA graph capture; "
+                               "run the GEMM once before capturing.")
+        if counters is not None:
+            _RETIRED.append(counters)  # a captured graph may still hold its address
         counters = _COUNTERS[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
     return counters
 

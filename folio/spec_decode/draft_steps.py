@@ -50,6 +50,9 @@ class DraftSteps:
         self.host_seq_lens = torch.zeros((max_steps, s), dtype=torch.int32, pin_memory=pin)
         self.host_tables = torch.zeros((s * max_blocks,), dtype=torch.int32, pin_memory=pin)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # Set after each run's last copy from the pinned buffers: the next run waits for it
+        # before rewriting them (today a host read always comes between two runs anyway).
+        self._copied: torch.cuda.Event | None = None
         self.outputs: dict[int, torch.Tensor] = {}  # size -> [size] argmax ids, in the pool
 
     def bucket_for(self, n: int) -> int | None:
@@ -102,12 +105,13 @@ class DraftSteps:
         """Draft `steps` tokens for n rows: row i starts from tokens[i] at positions[i] and drafts
         limits[i] of them. Returns [steps, n] argmaxes (entries past a row's limit are garbage),
         on the device, without waiting for them. The pinned host buffers are rewritten by the
-        next call: the runner reads tokens back (a sync) in every step between two calls, after
-        this call's copies in stream order, so they are never overwritten in flight."""
+        next call only once this call's copies from them are done (an event)."""
         n = len(positions)
         assert steps <= self.host_positions.shape[0] and n <= self.sizes[-1]
         bucket = self.bucket_for(n)
         size = bucket or n
+        if self._copied is not None:
+            self._copied.synchronize()
         self._fill_host(positions, tables, limits, steps, size)
         width = max(len(t) for t in tables)
         table = self.host_tables[: n * width].view(n, width)
@@ -124,6 +128,9 @@ class DraftSteps:
                 self.graphs[size].replay()
                 ids = self.outputs[size]
             out[j].copy_(ids[:n])
+        if out.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         return out
 
     def _fill_host(self, positions: list[int], tables: list[list[int]], limits: list[int], steps: int, size: int) -> None:

@@ -108,3 +108,28 @@ def test_full_size_matches_reference(m, k, n, asym):
     expected = w4a16_reference(x.float(), qweight, scales, zeros, 128)
     # The kernel rounds each dequantized weight and the output to bf16 (2^-9 relative each).
     torch.testing.assert_close(out.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("warps", "split_k"), [(2, 2), (4, 8), (8, 16)])
+def test_reduce_in_kernel_under_graph_replays(warps, split_k):
+    """The last-program split-K sum on a real GPU: launches back to back and CUDA-graph replays
+    equal the two-kernel path, and every tile's counter is back at zero."""
+    from folio.kernels import w4a16_gemm
+
+    gen = torch.Generator().manual_seed(split_k)
+    qweight, scales, zeros, _ = _random_int4(4096, 3000, 128, True, gen, "cuda")
+    x = torch.randn(1, 4096, generator=gen).to("cuda", torch.bfloat16)
+    cfg = dict(GEMV=1, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=warps)
+    want = w4a16_gemm_triton(x, qweight, scales, zeros, 128, config=cfg)
+    got = [w4a16_gemm_triton(x, qweight, scales, zeros, 128, config={**cfg, "REDUCE": 1}) for _ in range(5)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = w4a16_gemm_triton(x, qweight, scales, zeros, 128, config={**cfg, "REDUCE": 1})
+    for _ in range(5):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, want)
+    assert all(torch.equal(g, want) for g in got)
+    assert int(w4a16_gemm._COUNTERS[x.device].sum()) == 0
