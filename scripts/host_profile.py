@@ -6,7 +6,7 @@ what this measures: LLMEngine.step on a tiny checkpoint whose forward and LM hea
 precomputed tensors at once, so nearly all the time left is engine Python.
 
     PYTHONPATH=. python scripts/host_profile.py [--requests 256] [--steps 200] [--profile]
-        [--output-kind final|cumulative] [--no-tokenizer] [--sync]
+        [--output-kind final|cumulative] [--no-tokenizer] [--sync] [--vocab 151936]
 
 Prints ms per decode step (steady state, every request decoding) and, with --profile, the
 cProfile table of those steps.
@@ -50,12 +50,22 @@ def main() -> None:
     parser.add_argument("--output-kind", default="final", choices=["final", "cumulative"])
     parser.add_argument("--no-tokenizer", action="store_true", help="token ids only, as W1 on dummy weights")
     parser.add_argument("--sync", action="store_true", help="--no-async-scheduling")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="a model and a synthetic byte-level tokenizer of this many tokens (151936: Qwen3's), "
+                             "so sampled ids spread over a real-sized vocabulary")
     args = parser.parse_args()
 
     path = tempfile.mkdtemp(prefix="folio-host-")
-    make_tiny_checkpoint("qwen3", path)
-    if not args.no_tokenizer:
-        save_test_tokenizer(path)
+    if args.vocab:
+        from folio.benchmarks.bench_tokenizer import build_bench_tokenizer
+
+        make_tiny_checkpoint("qwen3", path, vocab_size=args.vocab)
+        if not args.no_tokenizer:
+            build_bench_tokenizer(args.vocab).save_pretrained(path)
+    else:
+        make_tiny_checkpoint("qwen3", path)
+        if not args.no_tokenizer:
+            save_test_tokenizer(path)
     llm = LLM(model=path, dtype="float32", device="cpu", max_model_len=512, max_num_seqs=args.requests,
               async_scheduling=not args.sync)
     engine = llm.llm_engine
