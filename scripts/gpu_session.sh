@@ -85,7 +85,8 @@ w1-qwen-t06|w1-qwen-greedy|w1-llama-t06|vs-vllm-qwen|vs-vllm-llama) part $p
 wave-tests) part wave-tests  # issues 10, 13, 14, 15, 18 and the vLLM drop-in: every GPU test outside tests/kernels
   timeout 580 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 tests/structured_output tests/models --ignore tests/server/test_fuzz.py \
     tests/lora tests/spec_decode tests/server tests/compat tests/prefix tests/kernels/test_w4a16_gemm.py \
-    tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_lora.py tests/kernels/test_lora_silu_and_mul.py 2>&1 | tail -40 | tee "$OUT/wave-tests.txt" ;;
+    tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_lora.py tests/kernels/test_lora_silu_and_mul.py \
+    tests/kernels/test_qk_norm_rope.py 2>&1 | tail -40 | tee "$OUT/wave-tests.txt" ;;
 structured) part structured  # issue 10: W1 with a JSON schema on every request vs unconstrained
   timeout 400 python3 -m folio bench throughput --structured json-schema --workload w1 --model $QWEN $COMMON \
     --no-progress --json "$OUT/structured-w1.json" 2>&1 | grep -vE "INFO|it/s" | tail -25 ;;

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from folio.kernels import qk_norm_rope as qk_norm_rope_kernel
 from folio.kernels import rotary as rotary_kernel
 from folio.kernels.triton_compat import use_triton_for
 
@@ -182,6 +183,26 @@ class RotaryEmbedding(nn.Module):
         q = apply_rotary(query.view(tokens, -1, self.head_dim), cos, sin)
         k = apply_rotary(key.view(tokens, -1, self.head_dim), cos, sin)
         return q.reshape(query.shape), k.reshape(key.shape)
+
+    def norm_and_rotate(
+        self,
+        positions: torch.Tensor,  # [tokens] int64
+        query: torch.Tensor,  # [tokens, num_heads * head_dim]
+        key: torch.Tensor,  # [tokens, num_kv_heads * head_dim]
+        q_norm: nn.Module,  # RMSNorm over head_dim (weight, eps)
+        k_norm: nn.Module,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Qwen3's order: RMSNorm of every q and k head, then the rotation. On CUDA one kernel
+        does both in place (kernels/qk_norm_rope.py); elsewhere the two modules run."""
+        if use_triton_for(query):
+            return qk_norm_rope_kernel.qk_norm_rope_triton(
+                query, key, positions, self.cos_sin_cache, self.head_dim,
+                q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps,
+            )
+        tokens = positions.shape[0]
+        q = q_norm(query.reshape(tokens, -1, self.head_dim)).reshape(query.shape)
+        k = k_norm(key.reshape(tokens, -1, self.head_dim)).reshape(key.shape)
+        return self(positions, q, k)
 
     def extra_repr(self) -> str:
         return (

@@ -124,17 +124,12 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))  # [tokens, H*D], [tokens, Hkv*D] x2
-        if self.q_norm is not None and self.k_norm is not None:
-            q = self._norm_heads(self.q_norm, q, self.num_heads)
-            k = self._norm_heads(self.k_norm, k, self.num_kv_heads)
-        q, k = self.rotary_emb(positions, q, k)
+        if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per-head norms, then rotary
+            q, k = self.rotary_emb.norm_and_rotate(positions, q, k, self.q_norm, self.k_norm)
+        else:
+            q, k = self.rotary_emb(positions, q, k)
         out = self.attn(q, k, v, attn_metadata)  # [tokens, H*D]
         return self.o_proj(out)  # [tokens, hidden]
-
-    def _norm_heads(self, norm: RMSNorm, x: torch.Tensor, heads: int) -> torch.Tensor:
-        tokens = x.shape[0]
-        normed = norm(x.reshape(tokens, heads, self.head_dim))  # [tokens, heads, head_dim]
-        return normed.reshape(tokens, heads * self.head_dim)
 
 
 class LlamaMLP(nn.Module):

@@ -22,10 +22,20 @@ TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (0.1, 4e-2)}
 @pytest.mark.parametrize(("tokens", "padded", "ranks", "none_fraction"),
                          [(9, 9, [2], 0.0), (13, 16, [4, 8, 3], 0.3), (70, 72, [8, 8], 0.5), (5, 8, [4], 1.0)])
 def test_fused_activation_equals_expand_then_activation(device, dtype, tokens, padded, ranks, none_fraction):
-    k, inter, r_max = 40, 24, 8
+    _check_fused(device, dtype, tokens, padded, ranks, none_fraction, k=40, inter=24, r_max=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("tokens", "padded"), [(1, 1), (61, 64), (1500, 1536)])
+def test_fused_activation_at_llama_8b_width_on_gpu(tokens, padded):
+    """Llama-3.1-8B's gate/up width (14,336) at rank 16, 8 slots, in bf16, decode to prefill sizes."""
+    _check_fused(torch.device("cuda"), torch.bfloat16, tokens, padded, [16] * 8, 0.2, k=256, inter=14336, r_max=16)
+
+
+def _check_fused(device, dtype, tokens, padded, ranks, none_fraction, k, inter, r_max):
     adapters, slots, x = _case(tokens, k, [inter, inter], ranks, r_max, seed=tokens, none_fraction=none_fraction)
     a, b = _stack(adapters, [inter, inter], k, r_max, dtype, device)
-    buffers = LoRAMappingBuffers(128, len(ranks), device)
+    buffers = LoRAMappingBuffers(max(128, padded), len(ranks), device)
     mapping = buffers.write(slots.numpy(), padded)
     xd = torch.zeros(padded, k, dtype=dtype, device=device)
     xd[:tokens] = x.to(device, dtype)

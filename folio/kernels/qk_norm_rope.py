@@ -1,0 +1,122 @@
+"""Qwen3's per-head RMSNorm of q and k, then rotary, in one launch, in place.
+
+Qwen3-style attention normalizes every query and key head (q_norm, k_norm: RMSNorm over
+head_dim) before the rotary embedding. Run as three kernels that is three launches per layer for
+a few kilobytes of work each; at batch-1 decode, where a step is a chain of small kernels, the
+launches are the cost. Here one program per token normalizes its q heads and k heads in place
+(q and k may be strided views of the fused qkv output), waits for its own stores (a barrier),
+then rotates them with the rotary kernel's own routine.
+
+Rounding is that of the separate kernels, step for step: kernels/rms_norm.py's normalize, round,
+scale, round; then kernels/rotary.py's rounded products (so the same values as the CPU path).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from folio.kernels.rotary import _check as _check_rotary
+from folio.kernels.rotary import _rotate_heads, rotary_reference
+from folio.kernels.rms_norm import rms_norm_reference
+from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
+
+
+@triton.jit
+def _norm_heads(base_ptr, stride_h, w, eps, NUM_HEADS, HEADS_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
+    heads = tl.arange(0, HEADS_PAD)
+    cols = tl.arange(0, D_PAD)
+    mask = (heads[:, None] < NUM_HEADS) & (cols[None, :] < D)  # [heads, head_dim]
+    ptr = base_ptr + heads[:, None] * stride_h + cols[None, :]
+    dtype = base_ptr.dtype.element_ty
+    x = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    variance = tl.sum(x * x, 1) / D  # [heads]
+    rstd = tl.div_rn(1.0, tl.sqrt_rn(variance + eps))
+    normed = (x * rstd[:, None]).to(dtype).to(tl.float32)
+    tl.store(ptr, (normed * w[None, :]).to(dtype), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_ptr,  # [num_tokens, num_q_heads, head_dim], normalized and rotated in place
+    k_ptr,  # [num_tokens, num_k_heads, head_dim], normalized and rotated in place
+    positions_ptr,  # [num_tokens] int64
+    cache_ptr,  # [max_position, rot_dim]: cos then sin
+    q_weight_ptr,  # [head_dim]
+    k_weight_ptr,  # [head_dim]
+    q_eps,
+    k_eps,
+    q_stride_t,
+    q_stride_h,
+    k_stride_t,
+    k_stride_h,
+    cache_stride,
+    NUM_Q_HEADS,
+    NUM_K_HEADS,
+    Q_HEADS_PAD: tl.constexpr,
+    K_HEADS_PAD: tl.constexpr,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    HALF: tl.constexpr,  # rot_dim / 2
+    HALF_PAD: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, D_PAD)
+    q_w = tl.load(q_weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    k_w = tl.load(k_weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    q_base = q_ptr + token * q_stride_t
+    k_base = k_ptr + token * k_stride_t
+    _norm_heads(q_base, q_stride_h, q_w, q_eps, NUM_Q_HEADS, Q_HEADS_PAD, D, D_PAD)
+    _norm_heads(k_base, k_stride_h, k_w, k_eps, NUM_K_HEADS, K_HEADS_PAD, D, D_PAD)
+    tl.debug_barrier()  # the rotation reads back what other threads of this program stored
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    offs = tl.arange(0, HALF_PAD)
+    mask = offs < HALF
+    cos = tl.load(cache_ptr + pos * cache_stride + offs, mask=mask, other=0.0).to(tl.float32)  # [half]
+    sin = tl.load(cache_ptr + pos * cache_stride + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    _rotate_heads(q_base, q_stride_h, cos, sin, NUM_Q_HEADS, Q_HEADS_PAD, HALF, HALF_PAD)
+    _rotate_heads(k_base, k_stride_h, cos, sin, NUM_K_HEADS, K_HEADS_PAD, HALF, HALF_PAD)
+
+
+def qk_norm_rope_triton(
+    q: torch.Tensor,  # [num_tokens, num_heads * head_dim] (a view of qkv is fine)
+    k: torch.Tensor,  # [num_tokens, num_kv_heads * head_dim]
+    positions: torch.Tensor,  # [num_tokens] int64
+    cos_sin_cache: torch.Tensor,  # [max_position, rot_dim]
+    head_dim: int,
+    q_weight: torch.Tensor,  # [head_dim]
+    k_weight: torch.Tensor,  # [head_dim]
+    q_eps: float,
+    k_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton launcher: normalizes each head of q and k, then rotates them, in place."""
+    q3, k3 = _check_rotary(q, k, positions, cos_sin_cache, head_dim)
+    if q_weight.shape != (head_dim,) or k_weight.shape != (head_dim,):
+        raise ValueError(f"q/k norm weights must be [{head_dim}], got {tuple(q_weight.shape)} / {tuple(k_weight.shape)}.")
+    check_same_device(_qk_norm_rope_kernel, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache,
+                      q_weight=q_weight, k_weight=k_weight)
+    num_tokens = q3.shape[0]
+    if num_tokens == 0:
+        return q, k
+    half = cos_sin_cache.shape[1] // 2
+    _qk_norm_rope_kernel[(num_tokens,)](
+        q3, k3, positions, cos_sin_cache, q_weight, k_weight, q_eps, k_eps,
+        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), cos_sin_cache.stride(0),
+        q3.shape[1], k3.shape[1],
+        Q_HEADS_PAD=next_power_of_2(q3.shape[1]),
+        K_HEADS_PAD=next_power_of_2(k3.shape[1]),
+        D=head_dim,
+        D_PAD=next_power_of_2(head_dim),
+        HALF=half,
+        HALF_PAD=max(next_power_of_2(half), 2),
+        num_warps=4,
+        enable_fp_fusion=False,  # as the rotary kernel: each product rounded (see rotary.py)
+    )
+    return q, k
+
+
+def qk_norm_rope_reference(q, k, positions, cos_sin_cache, head_dim, q_weight, k_weight, q_eps, k_eps):
+    """The separate torch steps: per-head RMSNorm of q and of k, then rotary (new tensors)."""
+    tokens = q.shape[0]
+    qn = rms_norm_reference(q.reshape(tokens, -1, head_dim), q_weight, q_eps).reshape(q.shape)
+    kn = rms_norm_reference(k.reshape(tokens, -1, head_dim), k_weight, k_eps).reshape(k.shape)
+    return rotary_reference(qn, kn, positions, cos_sin_cache, head_dim)

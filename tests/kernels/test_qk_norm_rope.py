@@ -1,0 +1,53 @@
+"""Qwen3's q/k head norms and rotary in one kernel: the same values as the separate kernels
+(RMSNorm per head, then rotary), in place in views of a fused qkv output, with partial rotary,
+GQA head counts that are not powers of two, and the torch reference within rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from folio.kernels.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
+from folio.kernels.rms_norm import rms_norm_triton
+from folio.kernels.rotary import rotary_triton
+from folio.layers.rotary_embedding import get_rope
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "partial"), [(4, 2, 32, 1.0), (6, 3, 64, 0.5), (5, 1, 16, 1.0)])
+def test_one_kernel_equals_the_separate_ones(device, dtype, heads, kv_heads, head_dim, partial):
+    _check_against_separate_kernels(device, dtype, heads, kv_heads, head_dim, partial, tokens=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 256, 4096])
+def test_qwen3_shapes_on_gpu(tokens):
+    """Qwen3-0.6B's attention (16 q heads, 8 kv heads of 128) in bf16."""
+    _check_against_separate_kernels(torch.device("cuda"), torch.bfloat16, 16, 8, 128, 1.0, tokens=tokens)
+
+
+def _check_against_separate_kernels(device, dtype, heads, kv_heads, head_dim, partial, tokens):
+    gen = torch.Generator().manual_seed(heads * head_dim + tokens)
+    rope = get_rope(head_dim, 256, {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial})
+    cache = rope.cos_sin_cache.to(device)
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen) * 2).to(device, dtype)
+    positions = torch.randint(0, 256, (tokens,), generator=gen).to(device)
+    q_w = (torch.rand(head_dim, generator=gen) + 0.5).to(device, dtype)
+    k_w = (torch.rand(head_dim, generator=gen) + 0.5).to(device, dtype)
+
+    def split(t):
+        return t.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
+
+    fused = qkv.clone()
+    q, k, v = split(fused)
+    qk_norm_rope_triton(q, k, positions, cache, head_dim, q_w, k_w, 1e-6, 1e-5)
+    q_sep, k_sep, _ = split(qkv.clone())
+    qn = rms_norm_triton(q_sep.reshape(tokens, heads, head_dim), q_w, 1e-6).reshape(tokens, -1)
+    kn = rms_norm_triton(k_sep.reshape(tokens, kv_heads, head_dim), k_w, 1e-5).reshape(tokens, -1)
+    rotary_triton(qn, kn, positions, cache, head_dim)
+    assert torch.equal(q, qn) and torch.equal(k, kn)
+    assert torch.equal(v, split(qkv)[2])  # v untouched
+    q_ref, k_ref = qk_norm_rope_reference(*split(qkv.clone())[:2], positions, cache, head_dim, q_w, k_w, 1e-6, 1e-5)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(q.float(), q_ref.float(), **tol)
+    torch.testing.assert_close(k.float(), k_ref.float(), **tol)
