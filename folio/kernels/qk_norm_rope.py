@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from folio.kernels.rotary import _check as _check_rotary
-from folio.kernels.rotary import _rotate_heads, rotary_reference
+from folio.kernels.rotary import _cos_sin, _rotate_heads, rotary_reference
 from folio.kernels.rms_norm import rms_norm_reference
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
@@ -68,11 +68,7 @@ def _qk_norm_rope_kernel(
     _norm_heads(q_base, q_stride_h, q_w, q_eps, NUM_Q_HEADS, Q_HEADS_PAD, D, D_PAD)
     _norm_heads(k_base, k_stride_h, k_w, k_eps, NUM_K_HEADS, K_HEADS_PAD, D, D_PAD)
     tl.debug_barrier()  # the rotation reads back what other threads of this program stored
-    pos = tl.load(positions_ptr + token).to(tl.int64)
-    offs = tl.arange(0, HALF_PAD)
-    mask = offs < HALF
-    cos = tl.load(cache_ptr + pos * cache_stride + offs, mask=mask, other=0.0).to(tl.float32)  # [half]
-    sin = tl.load(cache_ptr + pos * cache_stride + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    cos, sin = _cos_sin(cache_ptr, positions_ptr, token, cache_stride, HALF, HALF_PAD)
     _rotate_heads(q_base, q_stride_h, cos, sin, NUM_Q_HEADS, Q_HEADS_PAD, HALF, HALF_PAD)
     _rotate_heads(k_base, k_stride_h, cos, sin, NUM_K_HEADS, K_HEADS_PAD, HALF, HALF_PAD)
 

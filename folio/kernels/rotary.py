@@ -36,6 +36,17 @@ def _rotate_heads(base_ptr, stride_h, cos, sin, NUM_HEADS, HEADS_PAD: tl.constex
 
 
 @triton.jit
+def _cos_sin(cache_ptr, positions_ptr, token, cache_stride, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """The token's position's cos and sin rows [HALF_PAD] float32 (the cache row is [cos | sin])."""
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    offs = tl.arange(0, HALF_PAD)
+    mask = offs < HALF
+    cos = tl.load(cache_ptr + pos * cache_stride + offs, mask=mask, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * cache_stride + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
 def _rotary_kernel(
     q_ptr,  # [num_tokens, num_q_heads, head_dim], rotated in place
     k_ptr,  # [num_tokens, num_k_heads, head_dim], rotated in place
@@ -54,11 +65,7 @@ def _rotary_kernel(
     HALF_PAD: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + token).to(tl.int64)
-    offs = tl.arange(0, HALF_PAD)
-    mask = offs < HALF
-    cos = tl.load(cache_ptr + pos * cache_stride + offs, mask=mask, other=0.0).to(tl.float32)  # [half]
-    sin = tl.load(cache_ptr + pos * cache_stride + HALF + offs, mask=mask, other=0.0).to(tl.float32)
+    cos, sin = _cos_sin(cache_ptr, positions_ptr, token, cache_stride, HALF, HALF_PAD)
     _rotate_heads(q_ptr + token * q_stride_t, q_stride_h, cos, sin, NUM_Q_HEADS, Q_HEADS_PAD, HALF, HALF_PAD)
     _rotate_heads(k_ptr + token * k_stride_t, k_stride_h, cos, sin, NUM_K_HEADS, K_HEADS_PAD, HALF, HALF_PAD)
 
