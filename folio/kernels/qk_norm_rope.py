@@ -13,8 +13,12 @@ scale, round; then kernels/rotary.py's rounded products (so the same values as t
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
+from folio.kernels.reshape_and_cache import FP8_KV_DTYPE, store_token_kv
+from folio.kernels.reshape_and_cache import _check as _check_kv
 from folio.kernels.rotary import _check as _check_rotary
 from folio.kernels.rotary import _cos_sin, _rotate_heads, rotary_reference
 from folio.kernels.rms_norm import rms_norm_reference
@@ -58,6 +62,21 @@ def _qk_norm_rope_kernel(
     D_PAD: tl.constexpr,
     HALF: tl.constexpr,  # rot_dim / 2
     HALF_PAD: tl.constexpr,
+    # WRITE_KV: then store this token's rotated K and its V in the paged cache (reshape_and_cache)
+    v_ptr,  # [num_tokens, num_k_heads, head_dim]
+    v_stride_t,
+    v_stride_h,
+    k_cache_ptr,  # [num_blocks, block_size, num_k_heads, head_dim]
+    v_cache_ptr,
+    slot_mapping_ptr,  # [num_tokens] int64, -1 = nothing to store
+    inv_k_scale,
+    inv_v_scale,
+    cache_stride_block,
+    cache_stride_slot,
+    cache_stride_head,
+    BLOCK_SIZE: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    WRITE_KV: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, D_PAD)
@@ -71,6 +90,13 @@ def _qk_norm_rope_kernel(
     cos, sin = _cos_sin(cache_ptr, positions_ptr, token, cache_stride, HALF, HALF_PAD)
     _rotate_heads(q_base, q_stride_h, cos, sin, NUM_Q_HEADS, Q_HEADS_PAD, HALF, HALF_PAD)
     _rotate_heads(k_base, k_stride_h, cos, sin, NUM_K_HEADS, K_HEADS_PAD, HALF, HALF_PAD)
+    if WRITE_KV:
+        tl.debug_barrier()  # the rotated K, stored by other threads of this program
+        store_token_kv(
+            k_base, k_stride_h, v_ptr + token * v_stride_t, v_stride_h, k_cache_ptr, v_cache_ptr,
+            slot_mapping_ptr + token, inv_k_scale, inv_v_scale, cache_stride_block, cache_stride_slot,
+            cache_stride_head, NUM_K_HEADS, D, BLOCK_SIZE, K_HEADS_PAD, D_PAD, IS_FP8,
+        )
 
 
 def qk_norm_rope_triton(
@@ -83,8 +109,10 @@ def qk_norm_rope_triton(
     k_weight: torch.Tensor,  # [head_dim]
     q_eps: float,
     k_eps: float,
+    cache: KVWrite | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton launcher: normalizes each head of q and k, then rotates them, in place."""
+    """Triton launcher: normalizes each head of q and k, then rotates them, in place; with
+    `cache`, also stores the rotated K and V at their slots (the attention then does not)."""
     q3, k3 = _check_rotary(q, k, positions, cos_sin_cache, head_dim)
     if q_weight.shape != (head_dim,) or k_weight.shape != (head_dim,):
         raise ValueError(f"q/k norm weights must be [{head_dim}], got {tuple(q_weight.shape)} / {tuple(k_weight.shape)}.")
@@ -94,6 +122,7 @@ def qk_norm_rope_triton(
     if num_tokens == 0:
         return q, k
     half = cos_sin_cache.shape[1] // 2
+    kv = _kv_args(cache, k3, num_tokens)
     _qk_norm_rope_kernel[(num_tokens,)](
         q3, k3, positions, cos_sin_cache, q_weight, k_weight, q_eps, k_eps,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), cos_sin_cache.stride(0),
@@ -104,10 +133,38 @@ def qk_norm_rope_triton(
         D_PAD=next_power_of_2(head_dim),
         HALF=half,
         HALF_PAD=max(next_power_of_2(half), 2),
+        **kv,
         num_warps=4,
         enable_fp_fusion=False,  # as the rotary kernel: each product rounded (see rotary.py)
     )
     return q, k
+
+
+class KVWrite(NamedTuple):
+    """Where the fused kernel stores K and V: as reshape_and_cache takes them."""
+
+    value: torch.Tensor  # [num_tokens, num_kv_heads * head_dim] (a view of qkv is fine)
+    kv_cache: torch.Tensor  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = skip
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+
+def _kv_args(cache: KVWrite | None, k3: torch.Tensor, num_tokens: int) -> dict:
+    if cache is None:  # WRITE_KV off: the pointer arguments are placeholders
+        return dict(v_ptr=k3, v_stride_t=0, v_stride_h=0, k_cache_ptr=k3, v_cache_ptr=k3, slot_mapping_ptr=k3,
+                    inv_k_scale=1.0, inv_v_scale=1.0, cache_stride_block=0, cache_stride_slot=0,
+                    cache_stride_head=0, BLOCK_SIZE=1, IS_FP8=False, WRITE_KV=False)
+    v3 = cache.value.view(num_tokens, k3.shape[1], k3.shape[2])
+    _check_kv(k3, v3, cache.kv_cache, cache.slot_mapping)
+    if cache.slot_mapping.shape[0] != num_tokens:  # one program per token reads its slot
+        raise ValueError(f"slot_mapping must have one entry per token ({num_tokens}), got {cache.slot_mapping.shape[0]}.")
+    k_cache, v_cache = cache.kv_cache[0], cache.kv_cache[1]  # [num_blocks, block_size, kv_heads, dim] each
+    return dict(v_ptr=v3, v_stride_t=v3.stride(0), v_stride_h=v3.stride(1), k_cache_ptr=k_cache, v_cache_ptr=v_cache,
+                slot_mapping_ptr=cache.slot_mapping, inv_k_scale=1.0 / cache.k_scale, inv_v_scale=1.0 / cache.v_scale,
+                cache_stride_block=k_cache.stride(0), cache_stride_slot=k_cache.stride(1),
+                cache_stride_head=k_cache.stride(2), BLOCK_SIZE=k_cache.shape[1],
+                IS_FP8=cache.kv_cache.dtype == FP8_KV_DTYPE, WRITE_KV=True)
 
 
 def qk_norm_rope_reference(q, k, positions, cos_sin_cache, head_dim, q_weight, k_weight, q_eps, k_eps):

@@ -54,24 +54,40 @@ def _reshape_and_cache_kernel(
     DIM_PAD: tl.constexpr,
     IS_FP8: tl.constexpr,
 ):
-    token = tl.program_id(0)
-    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    if slot < 0:
-        return
-    block = slot // BLOCK_SIZE
-    offset = slot % BLOCK_SIZE
-    heads = tl.arange(0, HEADS_PAD)
-    dims = tl.arange(0, DIM_PAD)
-    mask = (heads[:, None] < NUM_KV_HEADS) & (dims[None, :] < HEAD_DIM)  # [heads, dim]
-    token64 = token.to(tl.int64)
-    k = tl.load(key_ptr + token64 * key_stride_t + heads[:, None] * key_stride_h + dims[None, :], mask=mask)
-    v = tl.load(value_ptr + token64 * value_stride_t + heads[:, None] * value_stride_h + dims[None, :], mask=mask)
-    if IS_FP8:
-        k = tl.clamp(k.to(tl.float32) * inv_k_scale, -448.0, 448.0)
-        v = tl.clamp(v.to(tl.float32) * inv_v_scale, -448.0, 448.0)
-    dst = block * cache_stride_block + offset * cache_stride_slot + heads[:, None] * cache_stride_head + dims[None, :]
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    token = tl.program_id(0).to(tl.int64)
+    store_token_kv(
+        key_ptr + token * key_stride_t, key_stride_h, value_ptr + token * value_stride_t, value_stride_h,
+        k_cache_ptr, v_cache_ptr, slot_mapping_ptr + token, inv_k_scale, inv_v_scale,
+        cache_stride_block, cache_stride_slot, cache_stride_head,
+        NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, HEADS_PAD, DIM_PAD, IS_FP8,
+    )
+
+
+@triton.jit
+def store_token_kv(
+    key_base, key_stride_h, value_base, value_stride_h,  # this token's [heads, dim] K and V
+    k_cache_ptr, v_cache_ptr, slot_ptr, inv_k_scale, inv_v_scale,
+    cache_stride_block, cache_stride_slot, cache_stride_head,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEADS_PAD: tl.constexpr, DIM_PAD: tl.constexpr, IS_FP8: tl.constexpr,
+):
+    """One token's K and V into its slot (nothing for slot -1): this kernel's body, and the
+    tail of kernels that produce K in a program per token (qk_norm_rope.py)."""
+    slot = tl.load(slot_ptr).to(tl.int64)
+    if slot >= 0:
+        block = slot // BLOCK_SIZE
+        offset = slot % BLOCK_SIZE
+        heads = tl.arange(0, HEADS_PAD)
+        dims = tl.arange(0, DIM_PAD)
+        mask = (heads[:, None] < NUM_KV_HEADS) & (dims[None, :] < HEAD_DIM)  # [heads, dim]
+        k = tl.load(key_base + heads[:, None] * key_stride_h + dims[None, :], mask=mask)
+        v = tl.load(value_base + heads[:, None] * value_stride_h + dims[None, :], mask=mask)
+        if IS_FP8:
+            k = tl.clamp(k.to(tl.float32) * inv_k_scale, -448.0, 448.0)
+            v = tl.clamp(v.to(tl.float32) * inv_v_scale, -448.0, 448.0)
+        dst = block * cache_stride_block + offset * cache_stride_slot + heads[:, None] * cache_stride_head + dims[None, :]
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def reshape_and_cache(

@@ -15,6 +15,7 @@ from torch import nn
 from folio.attention.backends.base import AttentionBackend
 from folio.attention.backends.torch_ref import prefill_attention_no_cache
 from folio.attention.metadata import AttentionMetadata
+from folio.kernels.qk_norm_rope import KVWrite
 from folio.kernels.reshape_and_cache import FP8_KV_DTYPE
 
 
@@ -63,12 +64,21 @@ class Attention(nn.Module):
         if self.k_scale_value <= 0 or self.v_scale_value <= 0:
             raise ValueError(f"KV cache scales must be positive, got k {self.k_scale_value}, v {self.v_scale_value}.")
 
+    def fused_kv_write(self, value: torch.Tensor, attn_metadata: AttentionMetadata) -> KVWrite | None:
+        """Where a kernel that produces this step's K (kernels/qk_norm_rope.py) may store K and V
+        itself, sparing the separate reshape_and_cache launch: only with the Triton backend
+        and a cache bound, one slot per token; None otherwise (then forward stores them)."""
+        if self.kv_cache is None or self.backend.name != "triton" or attn_metadata.slot_mapping.shape[0] != value.shape[0]:
+            return None
+        return KVWrite(value, self.kv_cache, attn_metadata.slot_mapping, self.k_scale_value, self.v_scale_value)
+
     def forward(
         self,
         query: torch.Tensor,  # [tokens, num_heads * head_dim]
         key: torch.Tensor,  # [tokens, num_kv_heads * head_dim]
         value: torch.Tensor,  # [tokens, num_kv_heads * head_dim]
         attn_metadata: AttentionMetadata,
+        kv_written: bool = False,  # K and V are in the cache already (fused_kv_write was used)
     ) -> torch.Tensor:  # [tokens, num_heads * head_dim]
         tokens = query.shape[0]
         q = query.view(tokens, self.num_heads, self.head_dim)
@@ -82,7 +92,8 @@ class Attention(nn.Module):
             # Checkpoint scales describe an FP8 cache; a full-precision one holds K and V as they are.
             fp8 = self.kv_cache.dtype == FP8_KV_DTYPE
             scales = dict(k_scale=self.k_scale_value, v_scale=self.v_scale_value) if fp8 else {}
-            self.backend.write_kv(k, v, self.kv_cache, attn_metadata.slot_mapping, **scales)
+            if not kv_written:
+                self.backend.write_kv(k, v, self.kv_cache, attn_metadata.slot_mapping, **scales)
             out = self.backend.forward(
                 q, self.kv_cache, attn_metadata, self.scale, self.sliding_window, **scales
             )

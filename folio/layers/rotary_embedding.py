@@ -191,18 +191,22 @@ class RotaryEmbedding(nn.Module):
         key: torch.Tensor,  # [tokens, num_kv_heads * head_dim]
         q_norm: nn.Module,  # RMSNorm over head_dim (weight, eps)
         k_norm: nn.Module,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cache: qk_norm_rope_kernel.KVWrite | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Qwen3's order: RMSNorm of every q and k head, then the rotation. On CUDA one kernel
-        does both in place (kernels/qk_norm_rope.py); elsewhere the two modules run."""
+        does both in place (kernels/qk_norm_rope.py), and stores K and V at their slots when
+        given `cache` (Attention.fused_kv_write); elsewhere the modules run. Returns (q, k,
+        whether K and V were stored)."""
         if use_triton_for(query):
-            return qk_norm_rope_kernel.qk_norm_rope_triton(
+            q, k = qk_norm_rope_kernel.qk_norm_rope_triton(
                 query, key, positions, self.cos_sin_cache, self.head_dim,
-                q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps,
+                q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps, cache=cache,
             )
+            return q, k, cache is not None
         tokens = positions.shape[0]
         q = q_norm(query.reshape(tokens, -1, self.head_dim)).reshape(query.shape)
         k = k_norm(key.reshape(tokens, -1, self.head_dim)).reshape(key.shape)
-        return self(positions, q, k)
+        return (*self(positions, q, k), False)
 
     def extra_repr(self) -> str:
         return (

@@ -51,3 +51,32 @@ def _check_against_separate_kernels(device, dtype, heads, kv_heads, head_dim, pa
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
     torch.testing.assert_close(q.float(), q_ref.float(), **tol)
     torch.testing.assert_close(k.float(), k_ref.float(), **tol)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.float8_e4m3fn])
+def test_kv_cache_write_equals_reshape_and_cache(device, cache_dtype):
+    """With the cache given, the kernel also stores the rotated K and V at their slots (slot -1:
+    nothing): the same cache as normalizing + rotating, then reshape_and_cache."""
+    from folio.kernels.qk_norm_rope import KVWrite
+    from folio.kernels.reshape_and_cache import reshape_and_cache
+
+    gen = torch.Generator().manual_seed(3)
+    tokens, heads, kv_heads, head_dim, block_size = 6, 4, 2, 32, 4
+    rope = get_rope(head_dim, 64, {"rope_type": "default", "rope_theta": 10000.0})
+    cache = rope.cos_sin_cache.to(device)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(device, torch.float16)
+    positions = torch.arange(tokens).to(device)
+    slots = torch.tensor([5, 0, -1, 9, 2, 13]).to(device)
+    w = torch.ones(head_dim, device=device, dtype=torch.float16)
+    caches = [torch.zeros(2, 4, block_size, kv_heads, head_dim, device=device).to(cache_dtype) for _ in range(2)]
+    outs = []
+    for fused, kv_cache in zip((True, False), caches):
+        q, k, v = qkv.clone().split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
+        write = KVWrite(v, kv_cache, slots, 0.5, 2.0) if fused else None
+        qk_norm_rope_triton(q, k, positions, cache, head_dim, w, w, 1e-6, 1e-6, cache=write)
+        if not fused:
+            reshape_and_cache(k.view(tokens, kv_heads, head_dim), v.view(tokens, kv_heads, head_dim), kv_cache, slots, 0.5, 2.0)
+        outs.append((q, k))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert torch.equal(caches[0].view(torch.uint8), caches[1].view(torch.uint8))
+    assert caches[0].view(torch.uint8).any()
