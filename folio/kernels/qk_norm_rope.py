@@ -1,4 +1,4 @@
-"""Qwen3's per-head RMSNorm of q and k, then rotary, in one launch, in place.
+"""Qwen3's per-head RMSNorm of q and k, then rotary (and the K/V store), in one launch, in place.
 
 Qwen3-style attention normalizes every query and key head (q_norm, k_norm: RMSNorm over
 head_dim) before the rotary embedding. Run as three kernels that is three launches per layer for
@@ -6,6 +6,10 @@ a few kilobytes of work each; at batch-1 decode, where a step is a chain of smal
 launches are the cost. Here one program per token normalizes its q heads and k heads in place
 (q and k may be strided views of the fused qkv output), waits for its own stores (a barrier),
 then rotates them with the rotary kernel's own routine.
+
+With `cache` the same program then stores the rotated K and V at their slots, as
+reshape_and_cache would (one launch fewer again); with NORM off it is rotary + store for models
+without head norms (Llama, Qwen2, Mistral).
 
 Rounding is that of the separate kernels, step for step: kernels/rms_norm.py's normalize, round,
 scale, round; then kernels/rotary.py's rounded products (so the same values as the CPU path).
@@ -77,16 +81,18 @@ def _qk_norm_rope_kernel(
     BLOCK_SIZE: tl.constexpr,
     IS_FP8: tl.constexpr,
     WRITE_KV: tl.constexpr,
+    NORM: tl.constexpr,  # False: rotary (+ the K/V store) only, for models without head norms
 ):
     token = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, D_PAD)
-    q_w = tl.load(q_weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-    k_w = tl.load(k_weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
     q_base = q_ptr + token * q_stride_t
     k_base = k_ptr + token * k_stride_t
-    _norm_heads(q_base, q_stride_h, q_w, q_eps, NUM_Q_HEADS, Q_HEADS_PAD, D, D_PAD)
-    _norm_heads(k_base, k_stride_h, k_w, k_eps, NUM_K_HEADS, K_HEADS_PAD, D, D_PAD)
-    tl.debug_barrier()  # the rotation reads back what other threads of this program stored
+    if NORM:
+        cols = tl.arange(0, D_PAD)
+        q_w = tl.load(q_weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        k_w = tl.load(k_weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        _norm_heads(q_base, q_stride_h, q_w, q_eps, NUM_Q_HEADS, Q_HEADS_PAD, D, D_PAD)
+        _norm_heads(k_base, k_stride_h, k_w, k_eps, NUM_K_HEADS, K_HEADS_PAD, D, D_PAD)
+        tl.debug_barrier()  # the rotation reads back what other threads of this program stored
     cos, sin = _cos_sin(cache_ptr, positions_ptr, token, cache_stride, HALF, HALF_PAD)
     _rotate_heads(q_base, q_stride_h, cos, sin, NUM_Q_HEADS, Q_HEADS_PAD, HALF, HALF_PAD)
     _rotate_heads(k_base, k_stride_h, cos, sin, NUM_K_HEADS, K_HEADS_PAD, HALF, HALF_PAD)
@@ -105,19 +111,23 @@ def qk_norm_rope_triton(
     positions: torch.Tensor,  # [num_tokens] int64
     cos_sin_cache: torch.Tensor,  # [max_position, rot_dim]
     head_dim: int,
-    q_weight: torch.Tensor,  # [head_dim]
-    k_weight: torch.Tensor,  # [head_dim]
-    q_eps: float,
-    k_eps: float,
+    q_weight: torch.Tensor | None,  # [head_dim]; None (and k_weight None): no head norms
+    k_weight: torch.Tensor | None,  # [head_dim]
+    q_eps: float = 1e-6,
+    k_eps: float = 1e-6,
     cache: KVWrite | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton launcher: normalizes each head of q and k, then rotates them, in place; with
-    `cache`, also stores the rotated K and V at their slots (the attention then does not)."""
+    """Triton launcher: normalizes each head of q and k (with weights), then rotates them, in
+    place; with `cache`, also stores the rotated K and V at their slots (the attention then
+    does not)."""
     q3, k3 = _check_rotary(q, k, positions, cos_sin_cache, head_dim)
-    if q_weight.shape != (head_dim,) or k_weight.shape != (head_dim,):
+    norm = q_weight is not None and k_weight is not None
+    if norm and (q_weight.shape != (head_dim,) or k_weight.shape != (head_dim,)):
         raise ValueError(f"q/k norm weights must be [{head_dim}], got {tuple(q_weight.shape)} / {tuple(k_weight.shape)}.")
-    check_same_device(_qk_norm_rope_kernel, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache,
-                      q_weight=q_weight, k_weight=k_weight)
+    weights = dict(q_weight=q_weight, k_weight=k_weight) if norm else {}
+    check_same_device(_qk_norm_rope_kernel, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache, **weights)
+    if not norm:
+        q_weight = k_weight = cos_sin_cache  # placeholders: NORM is off
     num_tokens = q3.shape[0]
     if num_tokens == 0:
         return q, k
@@ -134,6 +144,7 @@ def qk_norm_rope_triton(
         HALF=half,
         HALF_PAD=max(next_power_of_2(half), 2),
         **kv,
+        NORM=norm,
         num_warps=4,
         enable_fp_fusion=False,  # as the rotary kernel: each product rounded (see rotary.py)
     )

@@ -184,6 +184,22 @@ class RotaryEmbedding(nn.Module):
         k = apply_rotary(key.view(tokens, -1, self.head_dim), cos, sin)
         return q.reshape(query.shape), k.reshape(key.shape)
 
+    def rotate_and_store(
+        self,
+        positions: torch.Tensor,  # [tokens] int64
+        query: torch.Tensor,  # [tokens, num_heads * head_dim]
+        key: torch.Tensor,  # [tokens, num_kv_heads * head_dim]
+        cache: qk_norm_rope_kernel.KVWrite | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """forward, and on CUDA with `cache` (Attention.fused_kv_write) the K/V store in the
+        same launch (kernels/qk_norm_rope.py without its norms). Returns (q, k, stored)."""
+        if cache is not None and use_triton_for(query):
+            q, k = qk_norm_rope_kernel.qk_norm_rope_triton(
+                query, key, positions, self.cos_sin_cache, self.head_dim, None, None, cache=cache
+            )
+            return q, k, True
+        return (*self(positions, query, key), False)
+
     def norm_and_rotate(
         self,
         positions: torch.Tensor,  # [tokens] int64

@@ -124,12 +124,11 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))  # [tokens, H*D], [tokens, Hkv*D] x2
-        written = False
+        cache = self.attn.fused_kv_write(v, attn_metadata)  # K/V stored by the rotary kernel on CUDA
         if self.q_norm is not None and self.k_norm is not None:  # Qwen3: per-head norms, then rotary
-            cache = self.attn.fused_kv_write(v, attn_metadata)  # K/V stored by the same kernel on CUDA
             q, k, written = self.rotary_emb.norm_and_rotate(positions, q, k, self.q_norm, self.k_norm, cache)
         else:
-            q, k = self.rotary_emb(positions, q, k)
+            q, k, written = self.rotary_emb.rotate_and_store(positions, q, k, cache)
         out = self.attn(q, k, v, attn_metadata, kv_written=written)  # [tokens, H*D]
         return self.o_proj(out)  # [tokens, hidden]
 

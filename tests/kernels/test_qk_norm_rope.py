@@ -53,8 +53,9 @@ def _check_against_separate_kernels(device, dtype, heads, kv_heads, head_dim, pa
     torch.testing.assert_close(k.float(), k_ref.float(), **tol)
 
 
+@pytest.mark.parametrize("norm", [True, False], ids=["qk-norm", "rotary-only"])
 @pytest.mark.parametrize("cache_dtype", [torch.float16, torch.float8_e4m3fn])
-def test_kv_cache_write_equals_reshape_and_cache(device, cache_dtype):
+def test_kv_cache_write_equals_reshape_and_cache(device, cache_dtype, norm):
     """With the cache given, the kernel also stores the rotated K and V at their slots (slot -1:
     nothing): the same cache as normalizing + rotating, then reshape_and_cache."""
     from folio.kernels.qk_norm_rope import KVWrite
@@ -67,13 +68,18 @@ def test_kv_cache_write_equals_reshape_and_cache(device, cache_dtype):
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(device, torch.float16)
     positions = torch.arange(tokens).to(device)
     slots = torch.tensor([5, 0, -1, 9, 2, 13]).to(device)
-    w = torch.ones(head_dim, device=device, dtype=torch.float16)
+    w = (torch.rand(head_dim, generator=gen) + 0.5).to(device, torch.float16) if norm else None
     caches = [torch.zeros(2, 4, block_size, kv_heads, head_dim, device=device).to(cache_dtype) for _ in range(2)]
     outs = []
     for fused, kv_cache in zip((True, False), caches):
         q, k, v = qkv.clone().split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
         write = KVWrite(v, kv_cache, slots, 0.5, 2.0) if fused else None
-        qk_norm_rope_triton(q, k, positions, cache, head_dim, w, w, 1e-6, 1e-6, cache=write)
+        if fused:
+            qk_norm_rope_triton(q, k, positions, cache, head_dim, w, w, 1e-6, 1e-6, cache=write)
+        elif norm:
+            qk_norm_rope_triton(q, k, positions, cache, head_dim, w, w, 1e-6, 1e-6)
+        else:
+            rotary_triton(q, k, positions, cache, head_dim)
         if not fused:
             reshape_and_cache(k.view(tokens, kv_heads, head_dim), v.view(tokens, kv_heads, head_dim), kv_cache, slots, 0.5, 2.0)
         outs.append((q, k))

@@ -1,6 +1,7 @@
-"""Qwen3's CUDA attention path (q/k head norms, rotary and the K/V store in one kernel) run on
-the CPU through the Triton interpreter: the same greedy tokens and log-probs as the module path
-(RMSNorm, rotary, then the attention's own store), which is tested against transformers."""
+"""The CUDA attention path (Qwen3: q/k head norms, rotary and the K/V store in one kernel;
+Llama: rotary and the K/V store) run on the CPU through the Triton interpreter: the same greedy
+tokens and log-probs as the module path (RMSNorm, rotary, then the attention's own store), which
+is tested against transformers."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ def _run(path):
             for o in llm.generate(prompts, params, use_tqdm=False)], llm
 
 
-def test_fused_path_equals_the_module_path(tmp_path_factory, monkeypatch):
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_fused_path_equals_the_module_path(tmp_path_factory, monkeypatch, kind):
     import folio.layers.rotary_embedding as rotary_embedding
     from folio.layers.attention import Attention
     from folio.kernels.qk_norm_rope import KVWrite
 
-    path = tiny_model_dir(tmp_path_factory, "qwen3")
+    path = tiny_model_dir(tmp_path_factory, kind)
     want, _ = _run(path)
     writes = []
     monkeypatch.setattr(rotary_embedding, "use_triton_for", lambda x: True)
