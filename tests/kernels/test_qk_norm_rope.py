@@ -58,18 +58,32 @@ def _check_against_separate_kernels(device, dtype, heads, kv_heads, head_dim, pa
 def test_kv_cache_write_equals_reshape_and_cache(device, cache_dtype, norm):
     """With the cache given, the kernel also stores the rotated K and V at their slots (slot -1:
     nothing): the same cache as normalizing + rotating, then reshape_and_cache."""
+    _check_kv_write(device, cache_dtype, norm, torch.float16, 6, 4, 2, 32, torch.tensor([5, 0, -1, 9, 2, 13]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norm", [True, False], ids=["qwen3-0.6b", "llama-3.1-8b"])
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_kv_cache_write_at_real_shapes_on_gpu(cache_dtype, norm):
+    heads, kv_heads = (16, 8) if norm else (32, 8)
+    slots = torch.randperm(4 * 16 * 16, generator=torch.Generator().manual_seed(0))[:300]
+    slots[::7] = -1  # padding rows
+    _check_kv_write(torch.device("cuda"), cache_dtype, norm, torch.bfloat16, 300, heads, kv_heads, 128, slots, blocks=64)
+
+
+def _check_kv_write(device, cache_dtype, norm, dtype, tokens, heads, kv_heads, head_dim, slots, blocks=4):
     from folio.kernels.qk_norm_rope import KVWrite
     from folio.kernels.reshape_and_cache import reshape_and_cache
 
     gen = torch.Generator().manual_seed(3)
-    tokens, heads, kv_heads, head_dim, block_size = 6, 4, 2, 32, 4
-    rope = get_rope(head_dim, 64, {"rope_type": "default", "rope_theta": 10000.0})
+    block_size = 4 if blocks == 4 else 16
+    rope = get_rope(head_dim, 512, {"rope_type": "default", "rope_theta": 10000.0})
     cache = rope.cos_sin_cache.to(device)
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(device, torch.float16)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(device, dtype)
     positions = torch.arange(tokens).to(device)
-    slots = torch.tensor([5, 0, -1, 9, 2, 13]).to(device)
-    w = (torch.rand(head_dim, generator=gen) + 0.5).to(device, torch.float16) if norm else None
-    caches = [torch.zeros(2, 4, block_size, kv_heads, head_dim, device=device).to(cache_dtype) for _ in range(2)]
+    slots = slots.to(device)
+    w = (torch.rand(head_dim, generator=gen) + 0.5).to(device, dtype) if norm else None
+    caches = [torch.zeros(2, blocks, block_size, kv_heads, head_dim, device=device).to(cache_dtype) for _ in range(2)]
     outs = []
     for fused, kv_cache in zip((True, False), caches):
         q, k, v = qkv.clone().split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
