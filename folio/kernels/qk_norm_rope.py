@@ -11,8 +11,12 @@ With `cache` the same program then stores the rotated K and V at their slots, as
 reshape_and_cache would (one launch fewer again); with NORM off it is rotary + store for models
 without head norms (Llama, Qwen2, Mistral).
 
-Rounding is that of the separate kernels, step for step: kernels/rms_norm.py's normalize, round,
-scale, round; then kernels/rotary.py's rounded products (so the same values as the CPU path).
+Rounding takes the separate kernels' steps: kernels/rms_norm.py's normalize, round, scale, round;
+then kernels/rotary.py's rounded products. The one difference: the float32 sum of squares runs
+over a [heads, head_dim] tile here and over a row in rms_norm.py, so on a GPU its order differs
+and a rare head row can come out one bf16 step apart from the separate kernels' (the interpreter
+adds in one order: there the two agree bit for bit). The rotation and the K/V store are the same
+code as the separate kernels'.
 """
 
 from __future__ import annotations

@@ -68,11 +68,12 @@ def store_token_kv(
     key_base, key_stride_h, value_base, value_stride_h,  # this token's [heads, dim] K and V
     k_cache_ptr, v_cache_ptr, slot_ptr, inv_k_scale, inv_v_scale,
     cache_stride_block, cache_stride_slot, cache_stride_head,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEADS_PAD: tl.constexpr, DIM_PAD: tl.constexpr, IS_FP8: tl.constexpr,
 ):
     """One token's K and V into its slot (nothing for slot -1): this kernel's body, and the
-    tail of kernels that produce K in a program per token (qk_norm_rope.py)."""
+    tail of kernels that produce K in a program per token (qk_norm_rope.py). NUM_KV_HEADS may
+    be a runtime value (it only masks the HEADS_PAD rows)."""
     slot = tl.load(slot_ptr).to(tl.int64)
     if slot >= 0:
         block = slot // BLOCK_SIZE

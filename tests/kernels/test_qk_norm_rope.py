@@ -1,6 +1,8 @@
 """Qwen3's q/k head norms and rotary in one kernel: the same values as the separate kernels
-(RMSNorm per head, then rotary), in place in views of a fused qkv output, with partial rotary,
-GQA head counts that are not powers of two, and the torch reference within rounding."""
+(RMSNorm per head, then rotary; bit-equal in the interpreter, within one bf16 step on a GPU,
+whose variance sum may be ordered differently), in place in views of a fused qkv output, with
+partial rotary, GQA head counts that are not powers of two, and the torch reference within
+rounding; with the cache, the K/V store equals reshape_and_cache's."""
 
 from __future__ import annotations
 
@@ -45,7 +47,12 @@ def _check_against_separate_kernels(device, dtype, heads, kv_heads, head_dim, pa
     qn = rms_norm_triton(q_sep.reshape(tokens, heads, head_dim), q_w, 1e-6).reshape(tokens, -1)
     kn = rms_norm_triton(k_sep.reshape(tokens, kv_heads, head_dim), k_w, 1e-5).reshape(tokens, -1)
     rotary_triton(qn, kn, positions, cache, head_dim)
-    assert torch.equal(q, qn) and torch.equal(k, kn)
+    if device.type == "cpu":  # the interpreter sums in one order: bit-equal
+        assert torch.equal(q, qn) and torch.equal(k, kn)
+    else:  # a GPU may order the variance's sum differently from rms_norm.py: a rare 1-step row
+        step = dict(atol=1e-3, rtol=2**-7) if dtype != torch.float32 else dict(atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(q, qn, **step)
+        torch.testing.assert_close(k, kn, **step)
     assert torch.equal(v, split(qkv)[2])  # v untouched
     q_ref, k_ref = qk_norm_rope_reference(*split(qkv.clone())[:2], positions, cache, head_dim, q_w, k_w, 1e-6, 1e-5)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
@@ -59,6 +66,7 @@ def test_kv_cache_write_equals_reshape_and_cache(device, cache_dtype, norm):
     """With the cache given, the kernel also stores the rotated K and V at their slots (slot -1:
     nothing): the same cache as normalizing + rotating, then reshape_and_cache."""
     _check_kv_write(device, cache_dtype, norm, torch.float16, 6, 4, 2, 32, torch.tensor([5, 0, -1, 9, 2, 13]))
+    _check_kv_write(device, cache_dtype, norm, torch.float16, 3, 3, 1, 16, torch.tensor([7, -1, 1]))  # one KV head
 
 
 @pytest.mark.gpu
