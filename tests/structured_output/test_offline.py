@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 
 import jsonschema
 import pytest
@@ -296,7 +297,10 @@ def test_auto_backend_falls_back_to_guidance_and_unenforceable_keywords_are_refu
     backend enforces is an error, never a silently looser constraint."""
     letters = StructuredOutputsParams(regex=r"\p{Lu}{3}")  # xgrammar's regex has no \p classes
     for c in llm.generate(PROMPTS[0], SamplingParams(temperature=1.0, n=3, max_tokens=20, structured_outputs=letters), use_tqdm=False)[0].outputs:
-        assert c.finish_reason == "stop" and re.fullmatch(r"[^\W\d_]{3}", c.text) and c.text.upper() == c.text
+        # Python's Unicode tables can be older than the grammar's: a letter added since (U+A7CB,
+        # Unicode 16) is unassigned ("Cn") to unicodedata here, and that is all it may be.
+        assert c.finish_reason == "stop" and len(c.text) == 3, c.text
+        assert all(unicodedata.category(ch) in ("Lu", "Cn") for ch in c.text), c.text
     strict = LLM(model=checkpoint, dtype="float32", device="cpu", max_model_len=512, seed=0, structured_outputs_config={"backend": "xgrammar"})
     with pytest.raises(SamplingParamsError, match="regex"):
         strict.generate("x", SamplingParams(structured_outputs=letters), use_tqdm=False)
