@@ -23,6 +23,20 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
+def slot_delta(s_ptr, s_stride, s_col, b_ptr, slot, b_stride_slot, b_stride_n, tokens, mask_m, cols, mask_n, R,
+               BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] float32: the block's shrink columns [s_col, s_col + R) times the
+    slot's B rows `cols`, transposed; the shrink rounded to B's dtype first. The expand and the
+    fused gate/up activation (lora_silu_and_mul.py) both add this, so they round alike."""
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_r = offs_r < R
+    s = tl.load(s_ptr + tokens[:, None] * s_stride + s_col + offs_r[None, :], mask=mask_m[:, None] & mask_r[None, :], other=0.0)
+    b_base = b_ptr + slot.to(tl.int64) * b_stride_slot
+    b = tl.load(b_base + cols[:, None] * b_stride_n + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
+    return tl.dot(s.to(b.dtype), tl.trans(b), input_precision=PRECISION)
+
+
+@triton.jit
 def _lora_expand_kernel(
     y_ptr,  # [tokens, N] (row stride y_stride)
     s_ptr,  # [tokens, shards * R] float32
@@ -54,14 +68,10 @@ def _lora_expand_kernel(
     if col_start >= col_end:
         return
     tokens, mask_m = block_tokens(sorted_ptr, block_starts_ptr, block_ends_ptr, pid_b, BLOCK_M)
-    offs_r = tl.arange(0, BLOCK_R)
-    mask_r = offs_r < R
     cols = col_start + tl.arange(0, BLOCK_N)
     mask_n = cols < col_end
-    s = tl.load(s_ptr + tokens[:, None] * s_stride + shard * R + offs_r[None, :], mask=mask_m[:, None] & mask_r[None, :], other=0.0)
-    b_base = b_ptr + slot.to(tl.int64) * b_stride_slot
-    b = tl.load(b_base + cols[:, None] * b_stride_n + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
-    delta = tl.dot(s.to(b.dtype), tl.trans(b), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N] f32
+    delta = slot_delta(s_ptr, s_stride, shard * R, b_ptr, slot, b_stride_slot, b_stride_n,
+                       tokens, mask_m, cols, mask_n, R, BLOCK_R, PRECISION)  # [BLOCK_M, BLOCK_N] f32
     y_ptrs = y_ptr + tokens[:, None] * y_stride + cols[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     y = tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)

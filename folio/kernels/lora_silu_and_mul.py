@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from folio.kernels.activation import silu_and_mul_reference
-from folio.kernels.lora_expand import lora_expand_reference
+from folio.kernels.lora_expand import lora_expand_reference, slot_delta
 from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, check_mapping, num_blocks
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
@@ -58,19 +58,13 @@ def _lora_silu_and_mul_kernel(
     rows = y_ptr + tokens[:, None] * y_stride + cols[None, :]
     gate = tl.load(rows, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_N]
     up = tl.load(rows + INTER, mask=mask, other=0.0).to(tl.float32)
-    if slot < NUM_SLOTS:
-        offs_r = tl.arange(0, BLOCK_R)
-        mask_r = offs_r < R
-        s_rows = s_ptr + tokens[:, None] * s_stride + offs_r[None, :]
-        s_mask = mask_m[:, None] & mask_r[None, :]
-        b_tile = b_ptr + slot.to(tl.int64) * b_stride_slot + cols[:, None] * b_stride_n + offs_r[None, :]
-        b_mask = mask_n[:, None] & mask_r[None, :]
-        b_gate = tl.load(b_tile, mask=b_mask, other=0.0)  # [BLOCK_N, BLOCK_R]
-        b_up = tl.load(b_tile + INTER * b_stride_n, mask=b_mask, other=0.0)
-        s_gate = tl.load(s_rows, mask=s_mask, other=0.0).to(b_gate.dtype)  # [BLOCK_M, BLOCK_R]
-        s_up = tl.load(s_rows + R, mask=s_mask, other=0.0).to(b_gate.dtype)
-        gate = (gate + tl.dot(s_gate, tl.trans(b_gate), input_precision=PRECISION)).to(dtype).to(tl.float32)
-        up = (up + tl.dot(s_up, tl.trans(b_up), input_precision=PRECISION)).to(dtype).to(tl.float32)
+    if slot < NUM_SLOTS:  # the gate shard's rank block, then the up shard's (B rows INTER on)
+        d_gate = slot_delta(s_ptr, s_stride, 0, b_ptr, slot, b_stride_slot, b_stride_n,
+                            tokens, mask_m, cols, mask_n, R, BLOCK_R, PRECISION)
+        d_up = slot_delta(s_ptr, s_stride, R, b_ptr, slot, b_stride_slot, b_stride_n,
+                          tokens, mask_m, cols + INTER, mask_n, R, BLOCK_R, PRECISION)
+        gate = (gate + d_gate).to(dtype).to(tl.float32)
+        up = (up + d_up).to(dtype).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     tl.store(out_ptr + tokens[:, None] * INTER + cols[None, :], (silu * up).to(dtype), mask=mask)
 
