@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from folio.kernels.fp8_gemm import fp8_linear, quantize_weight_per_channel
-from folio.kernels.w4a16_gemm import pack_rows, pick_config, w4a16_gemm_triton, w4a16_reference
+from folio.kernels.w4a16_gemm import gemv_split_k, pack_rows, pick_config, w4a16_gemm_triton, w4a16_reference
 
 # Llama-3.1-8B's four GEMMs per layer (QKV and gate/up merged): (name, K, N)
 LLAMA_8B_GEMMS = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 28672), ("down", 14336, 4096)]
@@ -69,9 +69,7 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
             configs.append((f"dot n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}", cfg))
         for block_n, block_k, split_k, warps, stages, reduce in SWEEP_GEMV if m == 1 else []:
             cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, REDUCE=reduce)
-            tiles, cfg["SPLIT_K"] = -(-n // block_n), split_k or 1
-            while split_k is None and tiles * cfg["SPLIT_K"] < 4 * _sms(device) and k // (block_k * cfg["SPLIT_K"] * 2) >= 2:
-                cfg["SPLIT_K"] *= 2
+            cfg["SPLIT_K"] = split_k or gemv_split_k(n, k, block_n, block_k, _sms(device))
             if stages is not None:
                 cfg["num_stages"] = stages
             configs.append((f"gemv n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}{' reduce' * reduce}", cfg))

@@ -211,17 +211,21 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
         raise ValueError("w4a16: qweight, scales and zeros must be contiguous.")
 
 
+def gemv_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> int:
+    """The GEMV's split of K: doubled until about four programs per SM, keeping >= 2 K steps each."""
+    tiles, split_k = triton.cdiv(n, block_n), 1
+    while tiles * split_k < 4 * num_sms and k // (block_k * split_k * 2) >= 2:
+        split_k *= 2
+    return split_k
+
+
 def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> dict[str, int]:
     """Tile sizes and split-K: small M splits K until about two programs per SM; one token
     takes the GEMV kernel (GEMV=1) with wide tiles, split until about four programs per SM."""
     if m == 1:
-        block_k = min(128, group_size)
-        block_n = 128
-        tiles = triton.cdiv(n, block_n)
-        split_k = 1
-        while tiles * split_k < 4 * num_sms and k // (block_k * split_k * 2) >= 2:
-            split_k *= 2
-        return dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4)
+        block_k, block_n = min(128, group_size), 128
+        return dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=gemv_split_k(n, k, block_n, block_k, num_sms),
+                    num_warps=4)
     block_k = 64 if group_size % 64 == 0 else 32
     busy, steps, stages = 2, 4, None  # programs per SM to aim for; min K steps per split; pipeline depth
     if m <= 16:  # measured (docs/perf-notes.md, session 5): 128-deep K steps, 4 stages, ~4 programs per SM, >= 8 steps per split
