@@ -26,9 +26,9 @@ import torch
 
 from folio.config import ModelConfig
 from folio.core.pending_drafts import PendingDrafts
+from folio.models.loader import load_model
 from folio.sample.transfer import to_device
 from folio.spec_decode.device_drafts import DeviceDrafts
-from folio.models.loader import load_model
 from folio.spec_decode.draft_steps import DraftSteps
 from folio.spec_decode.proposer import ProposalBatch, Proposer, speculating
 from folio.worker import block_ops
