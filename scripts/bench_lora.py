@@ -83,10 +83,32 @@ def timed_generate(llm, workload, loras) -> dict:
 
 
 def warm_up(llm, loras_for) -> None:
+    """Short prompts (decode-sized kernels), then a batch of 2,400 prompt tokens: the LoRA
+    kernels pick other tiles past 1,024 tokens, and W1's prefill steps would otherwise compile
+    them inside the clock of whichever mode runs first."""
     from folio import SamplingParams
 
-    prompts = [{"prompt_token_ids": list(range(100, 164))} for _ in range(8)]
-    llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False, lora_request=loras_for(8))
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    for n, length in ((8, 64), (8, 300)):
+        prompts = [{"prompt_token_ids": list(range(100, 100 + length))} for _ in range(n)]
+        llm.generate(prompts, params, use_tqdm=False, lora_request=loras_for(n))
+
+
+def profile_kernels(llm, workload, loras, top: int) -> None:
+    """torch.profiler over one generate: device time per kernel, the biggest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        timed_generate(llm, workload, loras)
+    events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    total = sum(e.self_device_time_total for e in events)
+    print(f"  device busy {total / 1e3:.1f} ms")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:top]:
+        print(f"  {e.self_device_time_total / 1e3:9.1f} ms {e.self_device_time_total / total:6.1%} {e.count:7d}x  {e.key[:80]}")
+    if cuda:
+        torch.cuda.synchronize()
 
 
 def main() -> int:
@@ -98,6 +120,7 @@ def main() -> int:
     parser.add_argument("--modes", default="base,lora-none,lora-1,lora-N")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", type=int, default=0, help="then each LoRA mode's kernels over this many W1 requests")
     args = parser.parse_args()
     from folio import LLM, LoRARequest
 
@@ -128,10 +151,16 @@ def main() -> int:
             "lora-1": lambda n: [adapters[0]] * n,
             "lora-N": lambda n: [adapters[i % len(adapters)] for i in range(n)],
         }
-        warm_up(llm, per_mode["lora-N"])
+        for mode in lora_modes:
+            warm_up(llm, per_mode[mode])
         for mode in lora_modes:
             results[mode] = timed_generate(llm, workload, per_mode[mode](len(workload.requests)))
             print(mode, results[mode], flush=True)
+        if args.profile:
+            head = workload.head(args.profile)
+            for mode in lora_modes:
+                print(f"##### kernels of {mode}, the first {args.profile} requests of W1", flush=True)
+                profile_kernels(llm, head, per_mode[mode](len(head.requests)), top=16)
         del llm
         release_device_memory()
     if "base" in results:

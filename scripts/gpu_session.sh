@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant spec-pair spec spec-timeline lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -101,13 +101,17 @@ quant) part quant  # issue 13: FP8 W1 vs bf16 on the 8B, int4 batch-1 decode, FP
 spec-pair) part spec-pair  # issue 15: train the draft/target pair into /tmp/spec-pair (kept for the lease)
   [ -d /tmp/spec-pair/target ] || timeout 400 python3 -m folio.benchmarks.spec_decode_pair --out /tmp/spec-pair --device cuda --steps ${SPEC_STEPS:-1500} 2>&1 | grep -vE "it/s" | tail -6 ;;
 spec) part spec  # issue 15: batch-1 draft and n-gram speedups, batch-64 cost
-  timeout 400 python3 -m folio.benchmarks.spec_decode --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft --k 4 6 \
+  timeout 400 python3 -m folio.benchmarks.spec_decode --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft --k 4 6 8 \
     2>&1 | grep -vE "INFO|it/s" | tail -40 | tee "$OUT/spec.txt" ;;
 spec-timeline) part spec-timeline  # issue 15: GPU busy time of batch-1 steps without / with n-gram / with the draft
   PYTHONPATH=${SITE:-}. timeout 300 python3 scripts/profile_spec.py --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft \
     --gpu-timeline 2>&1 | grep -E "^#####|^  " | tee "$OUT/spec-timeline.txt" ;;
+spec-profile) part spec-profile  # issue 15: cProfile of batch-1 steps (host time by function, waits included)
+  PYTHONPATH=${SITE:-}. timeout 300 python3 scripts/profile_spec.py --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft \
+    --top 40 2>&1 | grep -vE "INFO|it/s" > "$OUT/spec-profile.txt"; grep -E "^#####" "$OUT/spec-profile.txt" ;;
 lora) part lora  # issue 14: base vs 1 adapter vs 8 adapters round-robin on W1, Llama-3.1-8B
-  timeout 500 python3 scripts/bench_lora.py --config llama-3.1-8b --adapters 8 --rank 16 --json "$OUT/lora-w1.json" 2>&1 | grep -vE "INFO|it/s" | tail -15 ;;
+  timeout 500 python3 scripts/bench_lora.py --config llama-3.1-8b --adapters 8 --rank 16 --json "$OUT/lora-w1.json" \
+    ${LORA_PROFILE:+--profile $LORA_PROFILE} 2>&1 | grep -vE "INFO|it/s" > "$OUT/lora.txt"; grep -v "^  " "$OUT/lora.txt" | tail -12 ;;
 dashboard) part dashboard  # issue 18: what the dashboard's polling costs W1 through HTTP
   PORT=18124
   timeout 300 python3 -m folio serve --model $QWEN --load-format dummy --dtype bfloat16 --port $PORT --disable-uvicorn-access-log > "$OUT/dashboard-serve.log" 2>&1 &

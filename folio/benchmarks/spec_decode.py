@@ -4,9 +4,10 @@
 
 Three workloads (each --k value gets its own batch-1 rows), greedy, EOS ignored (every request makes exactly --output-len tokens):
 - batch 1, plain prompts (the opening of corpus documents): draft model vs none;
-- batch 1, copy-heavy prompts (a document, then its opening again, so the output quotes the
-  prompt): n-gram vs none, --copy-output-len tokens (64: the demo corpus's documents are ~100-170
-  tokens, so the whole output is the quote; past the document's end it is no longer copying);
+- batch 1, copy-heavy prompts (a document, then an opening of it that no other document shares,
+  so the output quotes the prompt): n-gram vs none, --copy-output-len tokens (64), from the
+  documents long enough that the whole output is the quote (each row reports `quoted`, the
+  fraction of the output that continues a quote of its prompt);
 - batch --batch (64), plain prompts: the cost of speculation at large batch (draft model and
   n-gram, each also with disable_by_batch_size).
 Each configuration is a fresh engine; the clock covers `generate` only, after a warm-up that
@@ -21,6 +22,7 @@ import argparse
 import gc
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from folio.demo.corpus import pretraining_documents
@@ -31,9 +33,33 @@ def plain_prompts(n: int) -> list[str]:
     return [" ".join(docs[i % len(docs)].split()[:8]) for i in range(n)]
 
 
-def copy_prompts(n: int) -> list[str]:
-    docs = pretraining_documents(0)
-    return [docs[i % len(docs)] + "\n\n" + " ".join(docs[i % len(docs)].split()[:6]) for i in range(n)]
+def copy_prompts(n: int, count_tokens: Callable[[str], int], min_quote_tokens: int) -> list[str]:
+    """A document, then its opening again: the fewest words (at least 6) that no other document
+    starts with, and 4 more, so a model that learned the corpus continues this document and no
+    other. Only documents with min_quote_tokens after that opening (the corpus has many short
+    ones): the whole output is then a quote of the prompt."""
+    words = [doc.split() for doc in pretraining_documents(0)]
+    prompts = []
+    for doc in words:
+        opening = next((w + 4 for w in range(6, len(doc)) if sum(o[:w] == doc[:w] for o in words) == 1), len(doc))
+        head, text = " ".join(doc[:opening]), " ".join(doc)
+        if count_tokens(text) - count_tokens(head) >= min_quote_tokens:
+            prompts.append(text + "\n\n" + head)
+    if not prompts:
+        raise ValueError(f"No corpus document has {min_quote_tokens} tokens after its opening.")
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def quoted_fraction(prompt: list[int], output: list[int]) -> float:
+    """The longest start of `output` found contiguous in `prompt`, as a fraction of the output:
+    1.0 when the whole output quotes the prompt."""
+    best = 0
+    for start in (i for i, t in enumerate(prompt) if output and t == output[0]):
+        n = 0
+        while n < len(output) and start + n < len(prompt) and prompt[start + n] == output[n]:
+            n += 1
+        best = max(best, n)
+    return best / len(output) if output else 0.0
 
 
 def run_one(target: str, spec: dict | None, groups: list[list[str]], output_len: int, **engine: Any) -> dict:
@@ -67,6 +93,7 @@ def run_one(target: str, spec: dict | None, groups: list[list[str]], output_len:
         "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
         "mean_accepted_length": round(1 + accepted / drafts, 2) if drafts else None,
         "acceptance_per_position": [round(r, 3) for r in stats.acceptance_rate_per_position()],
+        "quoted": round(sum(quoted_fraction(o.prompt_token_ids, o.outputs[0].token_ids) for o in outputs) / len(outputs), 3),
         "outputs": [o.outputs[0].token_ids for o in outputs],
     }
     del llm
@@ -92,12 +119,16 @@ def main() -> None:
     ngrams = [
         {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2} for k in args.k
     ]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    copying = copy_prompts(args.prompts, lambda text: len(tokenizer(text).input_ids), args.copy_output_len)
     big = f"batch {args.batch}, plain"
     runs = [
         ("batch 1, plain", None, plain_prompts(args.prompts), 1),
         *[("batch 1, plain", d, plain_prompts(args.prompts), 1) for d in drafts],
-        ("batch 1, copy-heavy", None, copy_prompts(args.prompts), 1),
-        *[("batch 1, copy-heavy", n, copy_prompts(args.prompts), 1) for n in ngrams],
+        ("batch 1, copy-heavy", None, copying, 1),
+        *[("batch 1, copy-heavy", n, copying, 1) for n in ngrams],
         (big, None, plain_prompts(args.batch), args.batch),
         *[(big, spec, plain_prompts(args.batch), args.batch) for spec in (drafts[0], ngrams[0])],
         (big, {**drafts[0], "disable_by_batch_size": 32}, plain_prompts(args.batch), args.batch),
@@ -117,11 +148,11 @@ def main() -> None:
         method = "none" if spec is None else json.dumps(spec)
         print(json.dumps({"workload": workload, "speculation": method, **result}), flush=True)
         rows.append((workload, method, result))
-    print("\n| workload | speculation | tok/s | speed-up | acceptance | mean accepted length | same outputs |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| workload | speculation | tok/s | speed-up | acceptance | mean accepted length | quoted | same outputs |")
+    print("|---|---|---|---|---|---|---|---|")
     for workload, method, r in rows:
         print(f"| {workload} | `{method}` | {r['tokens_per_s']} | {r['speedup']}x | {r['acceptance_rate']} "
-              f"| {r['mean_accepted_length']} | {r['same_outputs_as_no_speculation']} |")
+              f"| {r['mean_accepted_length']} | {r['quoted']} | {r['same_outputs_as_no_speculation']} |")
 
 
 if __name__ == "__main__":

@@ -77,7 +77,10 @@ def train(model: torch.nn.Module, tokens: list[int], recipe: TrainingRecipe) -> 
         starts = torch.randint(0, len(data) - recipe.seq_len, (recipe.batch_size,), generator=generator)
         batch = torch.stack([data[s : s + recipe.seq_len] for s in starts.tolist()])  # [batch, seq]
         batch = batch.to(device)  # the model's device (a GPU trains the benchmark pairs)
-        loss = model(input_ids=batch, labels=batch).loss
+        # bf16 autocast on a GPU (the benchmark pairs): ~3x faster than float32 there, and the
+        # weights stay float32; the CPU keeps float32 (the demo model's training is pinned).
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -22,6 +22,12 @@ device. What that costs and why it is safe:
   samples a row with a grammar, its forward pass is launched, then the host waits for step N,
   advances the grammars with its tokens (update_from_output), and only then fills the masks and
   launches step N+1's sampling: the forward pass of N+1 still overlaps the host's work on N;
+- speculative decoding: a step that verifies drafts or proposes them decides where the next
+  step starts (how many drafts were accepted), so nothing is launched ahead of it. A step of a
+  paused speculator (disable_by_batch_size, or a verify step too big for any CUDA graph) does
+  neither and runs ahead like any other; a step launched ahead that will propose drafts waits,
+  as a grammar does, for the previous step's update before it samples and drafts, so the
+  proposer reads each request's whole history;
 - when step() returns with nothing left to run, nothing is in flight.
 """
 
@@ -106,11 +112,6 @@ class LLMEngine:
         self._request_errors: dict[str, Exception] = {}
         self._pooler = None  # worker.pooler.Pooler, made on the first embed()
         self.async_scheduling = config.scheduler.async_scheduling
-        if self.async_scheduling and config.speculative is not None:
-            # A verify step's accepted count decides where the next step starts: it cannot be
-            # planned before the previous step's tokens are on the host.
-            logger.info("Speculative decoding runs synchronous steps: async scheduling is off.")
-            self.async_scheduling = False
         self._in_flight: tuple[SchedulerOutput, PendingOutput] | None = None  # launched, not updated
         self._spec_drafts_logged = 0
         logger.info(
@@ -224,16 +225,18 @@ class LLMEngine:
             return outputs
         current = self._in_flight or self._launch()
         self._in_flight, staged = None, None
-        if not self.scheduler.requires_sync_steps:
+        # A step that verified or drafted decides where the next one starts: no launch ahead.
+        if not self.scheduler.requires_sync_steps and not current[1].speculative:
             staged = self._launch_forward()
-            if not staged[1].samples_with_grammar:
+            if not staged[1].waits_for_previous:
                 self._in_flight, staged = (staged[0], self.runner.launch_sampling(staged[1])), None
         try:
             outputs = self._finish_step(current[0], current[1].result())
         finally:
-            if staged is not None:  # the grammars have seen the current step's tokens now
+            if staged is not None:  # the grammars and drafts see the current step's tokens now
                 self._in_flight = (staged[0], self.runner.launch_sampling(staged[1]))
         self._settle_if_idle()
+        self._log_spec_stats_if_idle()
         return outputs
 
     def _log_spec_stats_if_idle(self) -> None:

@@ -57,6 +57,7 @@ class Speculator:
         self.max_graph_tokens: int | None = None
         self._paused = False
         self._step_paused: bool | None = None  # observe()'s decision for the step in flight
+        self._step_drafts = False  # and whether any request of it drafts
         # Requests whose draft K/V misses a paused step's tokens: they never draft again.
         self.stale: set[str] = set()
         logger.info("Speculative decoding: %s, %d tokens per step", spec.method, spec.num_speculative_tokens)
@@ -66,12 +67,14 @@ class Speculator:
         """Slots past a step the proposer writes its own K/V into (draft models only)."""
         return self.proposer.k if self.proposer.kv_bytes_per_block else 0
 
-    def observe(self, scheduled: list[ScheduledRequest], inputs: StepInputs) -> None:
+    def observe(self, scheduled: list[ScheduledRequest], inputs: StepInputs) -> bool:
         """The step's batch, right after the target's forward is queued: decide whether this
         step drafts (_pause_for), and if it does not, skip a draft model's pass over the batch
         too, so that a paused speculator costs (nearly) nothing. Its K/V then misses this step's
         tokens, so every request in the batch becomes stale: it runs to the end without drafts
-        (new requests draft again once the pause ends)."""
+        (new requests draft again once the pause ends). Returns whether the step proposes
+        drafts: a step that does not needs no tokens on the host and may run ahead (async
+        scheduling, engine/llm_engine.py)."""
         sampling = [*inputs.sampling_batch_indices, *inputs.verify_batch_indices]
         drafting = sum(1 for i in sampling if self._may_draft(scheduled[i]))
         self._step_paused = self._pause_for(len(sampling), drafting)
@@ -79,6 +82,18 @@ class Speculator:
             self.stale.update(s.request_id for s in scheduled)
         elif any(self._may_draft(s) for s in scheduled):  # else no one would read the draft's K/V
             self.proposer.observe(inputs)
+        self._step_drafts = not self._step_paused and drafting > 0
+        return self._step_drafts
+
+    @property
+    def observed(self) -> bool:
+        """Whether observe() saw the step that propose() has not finished yet."""
+        return self._step_paused is not None
+
+    @property
+    def step_drafts(self) -> bool:
+        """Whether the step observe() saw last (not yet proposed for) drafts."""
+        return self._step_paused is False and self._step_drafts
 
     def fill_drafts(self, inputs: StepInputs) -> None:
         """Write drafts still on the device into the step's input ids (before its forward)."""

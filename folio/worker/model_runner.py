@@ -231,7 +231,10 @@ class ModelRunner(StepSampling):
             hidden = self.graphs.replay(bucket, base_only)  # [bucket, hidden]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
-        return StagedStep(scheduled, inputs, hidden, pending)
+        drafts = False
+        if self.speculator is not None:  # decides now whether this step drafts (see StagedStep)
+            drafts = self.speculator.observe(scheduled, inputs)
+        return StagedStep(scheduled, inputs, hidden, pending, drafts)
 
     def _move_blocks(self, scheduler_output: SchedulerOutput) -> None:
         """Swap-outs, copy-on-write copies and swap-ins the scheduler asked for, in that order,

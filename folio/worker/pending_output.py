@@ -52,6 +52,9 @@ class PendingOutput:
         # step, and their log-probs; drafts for every request's next step.
         self._verified: dict[int, tuple[list[int], list[TokenLogprobs] | None]] = {}
         self.spec_token_ids: list[Sequence[int]] | None = None  # PendingDrafts from a draft model
+        # Whether the step verified or proposed drafts: the next step's plan depends on its
+        # results, so the engine does not launch it ahead (async scheduling).
+        self.speculative = False
 
     # ---- filled during launch ---------------------------------------------------------------
     def add_sampled(self, sampled: torch.Tensor, batch_indices: list[int]) -> None:

@@ -1,7 +1,8 @@
 """StagedStep: a step between its two launches, its forward pass queued and its sampling not.
 
 ModelRunner.launch_forward returns one and ModelRunner.launch_sampling finishes it; in between
-the engine may bring grammar states up to date with the previous step's tokens.
+the engine may bring grammar states (and the requests a proposer drafts from) up to date with
+the previous step's tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ class StagedStep:
     inputs: StepInputs | None  # None: nothing was scheduled
     hidden: torch.Tensor | None  # [num_tokens, hidden]
     pending: PendingOutput
+    drafts: bool = False  # its sampling proposes drafts (Speculator.observe): that reads the
+    # requests' tokens on the host, so it must wait for the previous step's update
+
+    @property
+    def waits_for_previous(self) -> bool:
+        """Whether its sampling must wait until the previous step's tokens are on the requests:
+        a grammar's mask, or drafts proposed from the request's history."""
+        return self.drafts or self.samples_with_grammar
 
     @property
     def samples_with_grammar(self) -> bool:

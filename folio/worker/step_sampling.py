@@ -73,6 +73,7 @@ class StepSampling:
             # After the seal: result() does not wait for the draft model's steps, so the engine
             # updates requests and schedules the next step while the GPU drafts.
             pending.spec_token_ids = self.speculator.propose(scheduled, inputs, hidden, emitted)
+            pending.speculative = bool(inputs.verify_batch_indices) or any(map(len, pending.spec_token_ids))
         return pending
 
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -130,12 +131,14 @@ class StepSampling:
         pending: PendingOutput,
     ) -> dict[int, list[int]]:
         """Verify the drafts of requests that carried some; returns what each request that
-        sampled emitted (batch index -> tokens), for the proposer. Speculative steps are
-        synchronous (engine/llm_engine.py), so tokens come to the host here."""
+        sampled emitted (batch index -> tokens), for the proposer. A step that drafts or
+        verifies is synchronous (engine/llm_engine.py): its tokens come to the host here; one
+        that does neither (a paused speculator) reads nothing and may run ahead."""
         assert self.speculator is not None
-        self.speculator.observe(scheduled, inputs)  # before the first copy to the host below waits
+        if not self.speculator.observed:  # launch_forward observes; kept for other callers
+            self.speculator.observe(scheduled, inputs)
         emitted: dict[int, list[int]] = {}
-        if sampled is not None:
+        if sampled is not None and self.speculator.step_drafts:  # else no host read: no wait
             emitted = {b: [t] for b, t in zip(inputs.sampling_batch_indices, sampled.tolist())}
         if inputs.verify_batch_indices:
             rows = to_device(inputs.verify_rows, torch.int64, self.device)

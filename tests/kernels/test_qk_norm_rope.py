@@ -49,10 +49,13 @@ def _check_against_separate_kernels(device, dtype, heads, kv_heads, head_dim, pa
     rotary_triton(qn, kn, positions, cache, head_dim)
     if device.type == "cpu":  # the interpreter sums in one order: bit-equal
         assert torch.equal(q, qn) and torch.equal(k, kn)
-    else:  # a GPU may order the variance's sum differently from rms_norm.py: a rare 1-step row
-        step = dict(atol=1e-3, rtol=2**-7) if dtype != torch.float32 else dict(atol=1e-6, rtol=1e-6)
-        torch.testing.assert_close(q, qn, **step)
-        torch.testing.assert_close(k, kn, **step)
+    else:  # a GPU may order the variance's sum differently from rms_norm.py: a rare 1-step
+        # difference in a normalized value, which the rotation mixes into its pair: up to one
+        # step of the pair's larger magnitude (1/64 at 2-4, measured 4 of 8.4M elements on H100)
+        step = dict(atol=2**-5, rtol=2**-7) if dtype != torch.float32 else dict(atol=1e-6, rtol=1e-6)
+        for got, want in ((q, qn), (k, kn)):
+            torch.testing.assert_close(got, want, **step)
+            assert (got != want).float().mean().item() < 1e-4  # rare, not a different rounding
     assert torch.equal(v, split(qkv)[2])  # v untouched
     q_ref, k_ref = qk_norm_rope_reference(*split(qkv.clone())[:2], positions, cache, head_dim, q_w, k_w, 1e-6, 1e-5)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)

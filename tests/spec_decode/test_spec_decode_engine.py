@@ -185,3 +185,39 @@ def test_drafting_pauses_while_verify_steps_would_outgrow_the_graphs(paths, base
     assert "Speculative decoding resumed: 3 requests (0 drafting 3 tokens) verify 3 tokens, within" in caplog.text
     assert _summary(batched) == _summary(baseline.generate(PROMPTS[:3], GREEDY, use_tqdm=False))
     assert _summary(pair) == _summary(baseline.generate(PROMPTS[:2], GREEDY, use_tqdm=False))
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft-same"])
+def test_paused_steps_run_ahead_and_drafting_resumes_when_the_batch_shrinks(paths, baseline, method, monkeypatch):
+    """disable_by_batch_size = 3 and 4 requests, two of them short: while 3 or more run, the
+    speculator is paused and the engine launches each step before the previous one's tokens are
+    on the host (async scheduling, as without speculation); once two have finished, n-gram drafting
+    resumes (a draft model's requests stayed stale, so it drafts for new ones only) and no step
+    is launched ahead of a drafting or verifying one. Outputs stay those without speculation."""
+    from folio.engine.llm_engine import LLMEngine
+
+    llm = _llm(paths, {**_spec(paths, method), "disable_by_batch_size": 3})
+    engine = llm.llm_engine
+    ahead: list[tuple[bool, bool]] = []  # per finished step: (a step was launched ahead of it, it speculated)
+    finish = LLMEngine._finish_step
+
+    def spy(self, scheduler_output, runner_output):
+        drafted = bool(runner_output.spec_token_ids and any(map(len, runner_output.spec_token_ids)))
+        verified = any(len(s.spec_token_ids) for s in scheduler_output.scheduled)
+        ahead.append((self._in_flight is not None, drafted or verified))
+        return finish(self, scheduler_output, runner_output)
+
+    monkeypatch.setattr(LLMEngine, "_finish_step", spy)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 3, 14, 14)]
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert _summary(outputs) == _summary(baseline.generate(PROMPTS, params, use_tqdm=False))
+    assert any(launched for launched, _ in ahead[:3])  # the paused steps ran ahead
+    stats = engine.scheduler.spec_stats
+    if method == "ngram":
+        assert stats.num_drafts > 0 and any(speculated for _, speculated in ahead)
+    else:
+        assert stats.num_drafts == 0  # the batch went stale while paused
+        assert _summary(llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)) == _summary(
+            baseline.generate(PROMPTS[:2], GREEDY, use_tqdm=False))
+        assert stats.num_drafts > 0
+    assert not any(launched and speculated for launched, speculated in ahead)  # nothing ran ahead of those
