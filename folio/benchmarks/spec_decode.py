@@ -10,8 +10,9 @@ Three workloads (each --k value gets its own batch-1 rows), greedy, EOS ignored 
   fraction of the output that continues a quote of its prompt);
 - batch --batch (64), plain prompts: the cost of speculation at large batch (draft model and
   n-gram, each also with disable_by_batch_size).
-Each configuration is a fresh engine; the clock covers `generate` only, after a warm-up that
-runs the same prompts for 16 tokens.
+Each configuration is a fresh engine (max_num_seqs at least 16, so that a batch-1 verify step
+of k + 1 <= 16 tokens has a CUDA graph; at 8, k = 8 paused drafting); the clock covers
+`generate` only, after a warm-up that runs the same prompts for 16 tokens.
 Prints one JSON line per run (tokens/s, speed-up over the same workload without speculation,
 acceptance rate, mean accepted length, acceptance per position) and a markdown table.
 """
@@ -138,7 +139,7 @@ def main() -> None:
     for workload, spec, prompts, batch in runs:
         groups = [[p] for p in prompts] if batch == 1 else [prompts]  # batch 1: one request at a time
         output_len = args.copy_output_len if "copy-heavy" in workload else args.output_len
-        result = run_one(args.target, spec, groups, output_len, max_num_seqs=max(batch, 8), **engine)
+        result = run_one(args.target, spec, groups, output_len, max_num_seqs=max(batch, 16), **engine)
         outputs = result.pop("outputs")
         if spec is None:
             baseline[workload] = (result["tokens_per_s"], outputs)

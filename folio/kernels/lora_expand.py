@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, check_mapping, num_blocks
+from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, check_mapping, num_blocks, sum_splits
 from folio.kernels.triton_compat import check_dtype, check_same_device, next_power_of_2, tl, triton
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -24,13 +24,18 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 @triton.jit
 def slot_delta(s_ptr, s_stride, s_col, b_ptr, slot, b_stride_slot, b_stride_n, tokens, mask_m, cols, mask_n, R,
-               BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
+               s_split_stride, SPLIT: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
     """[BLOCK_M, BLOCK_N] float32: the block's shrink columns [s_col, s_col + R) times the
-    slot's B rows `cols`, transposed; the shrink rounded to B's dtype first. The expand and the
-    fused gate/up activation (lora_silu_and_mul.py) both add this, so they round alike."""
+    slot's B rows `cols`, transposed; the shrink (the sum of its SPLIT partials, in split
+    order) rounded to B's dtype first. The expand and the fused gate/up activation
+    (lora_silu_and_mul.py) both add this, so they round alike."""
     offs_r = tl.arange(0, BLOCK_R)
     mask_r = offs_r < R
-    s = tl.load(s_ptr + tokens[:, None] * s_stride + s_col + offs_r[None, :], mask=mask_m[:, None] & mask_r[None, :], other=0.0)
+    s_ptrs = s_ptr + tokens[:, None] * s_stride + s_col + offs_r[None, :]
+    s_mask = mask_m[:, None] & mask_r[None, :]
+    s = tl.load(s_ptrs, mask=s_mask, other=0.0)
+    for p in tl.static_range(1, SPLIT):
+        s += tl.load(s_ptrs + p * s_split_stride, mask=s_mask, other=0.0)
     b_base = b_ptr + slot.to(tl.int64) * b_stride_slot
     b = tl.load(b_base + cols[:, None] * b_stride_n + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
     return tl.dot(s.to(b.dtype), tl.trans(b), input_precision=PRECISION)
@@ -51,6 +56,8 @@ def _lora_expand_kernel(
     s_stride,
     b_stride_slot,
     b_stride_n,
+    s_split_stride,
+    SPLIT: tl.constexpr,  # split-K partials of the shrink, summed as they load
     NUM_N_BLOCKS: tl.constexpr,  # n-blocks of the widest shard
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -71,7 +78,7 @@ def _lora_expand_kernel(
     cols = col_start + tl.arange(0, BLOCK_N)
     mask_n = cols < col_end
     delta = slot_delta(s_ptr, s_stride, shard * R, b_ptr, slot, b_stride_slot, b_stride_n,
-                       tokens, mask_m, cols, mask_n, R, BLOCK_R, PRECISION)  # [BLOCK_M, BLOCK_N] f32
+                       tokens, mask_m, cols, mask_n, R, s_split_stride, SPLIT, BLOCK_R, PRECISION)  # [BLOCK_M, BLOCK_N] f32
     y_ptrs = y_ptr + tokens[:, None] * y_stride + cols[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     y = tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -80,7 +87,7 @@ def _lora_expand_kernel(
 
 def lora_expand_triton(
     y: torch.Tensor,  # [tokens, N], updated in place
-    shrunk: torch.Tensor,  # [tokens, shards * R] float32
+    shrunk: torch.Tensor,  # [tokens, shards * R] float32, or its [split, tokens, shards * R] partials
     lora_b: torch.Tensor,  # [slots, N, R]
     shard_offsets: torch.Tensor,  # [shards + 1] int32 on y's device: 0, ..., N
     sorted_tokens: torch.Tensor,  # [tokens] int32
@@ -109,9 +116,11 @@ def lora_expand_triton(
         blocks.ends,
         r,
         y.stride(0),
-        shrunk.stride(0),
+        shrunk.stride(-2),
         lora_b.stride(0),
         lora_b.stride(1),
+        shrunk.stride(0) if shrunk.dim() == 3 else 0,
+        SPLIT=shrunk.shape[0] if shrunk.dim() == 3 else 1,
         NUM_N_BLOCKS=n_blocks,
         BLOCK_M=block_m(tokens),
         BLOCK_N=block_n,
@@ -124,14 +133,14 @@ def lora_expand_triton(
 
 def lora_expand_reference(
     y: torch.Tensor,  # [tokens, N], updated in place
-    shrunk: torch.Tensor,  # [tokens, shards * R] float32
+    shrunk: torch.Tensor,  # [tokens, shards * R] float32, or its [split, ...] partials
     lora_b: torch.Tensor,  # [slots, N, R]
     token_slots: torch.Tensor,  # [tokens] int, -1 = no adapter
     shard_sizes: list[int],
 ) -> torch.Tensor:
     """Plain torch with the kernel's rounding: shrink rounded to B's dtype, float32 dot and add."""
     r = lora_b.shape[2]
-    rounded = shrunk.to(lora_b.dtype).float()  # [tokens, shards * R]
+    rounded = sum_splits(shrunk).to(lora_b.dtype).float()  # [tokens, shards * R]
     delta = torch.zeros(y.shape, dtype=torch.float32, device=y.device)  # [tokens, N]
     for slot in range(lora_b.shape[0]):  # masked, no host reads: graph-safe (see the shrink)
         mask = (token_slots == slot).unsqueeze(1)  # [tokens, 1]
@@ -158,10 +167,15 @@ def _check(y, shrunk, lora_b, shard_offsets, shard_sizes) -> None:
     if lora_b.shape[2] > 128:
         raise ValueError(f"rank up to 128 is supported, got {lora_b.shape[2]}.")
     r = lora_b.shape[2]
-    expected = (y.shape[0], len(shard_sizes) * r)
-    if shrunk.dtype != torch.float32 or shrunk.dim() != 2 or shrunk.shape[0] != y.shape[0] or shrunk.shape[1] < expected[1]:
-        raise ValueError(f"shrunk must be float32 {expected}, got {shrunk.dtype} {tuple(shrunk.shape)}.")
-    if shrunk.stride(1) != 1:
-        raise ValueError("shrunk must be contiguous in its last dimension.")
+    check_shrunk(shrunk, y.shape[0], len(shard_sizes) * r)
     if shard_offsets.dtype != torch.int32 or tuple(shard_offsets.shape) != (len(shard_sizes) + 1,):
         raise ValueError(f"shard_offsets must be int32 [{len(shard_sizes) + 1}], got {shard_offsets.dtype} {tuple(shard_offsets.shape)}.")
+
+
+def check_shrunk(shrunk: torch.Tensor, tokens: int, width: int) -> None:
+    """A shrink result as the expand and the fused activation take it: float32 [tokens, >= width],
+    or [split, tokens, >= width] partials (lora_shrink_triton's keep_splits), last dim contiguous."""
+    if shrunk.dtype != torch.float32 or shrunk.dim() not in (2, 3) or shrunk.shape[-2] != tokens or shrunk.shape[-1] < width:
+        raise ValueError(f"shrunk must be float32 ([split,] {tokens}, {width}), got {shrunk.dtype} {tuple(shrunk.shape)}.")
+    if shrunk.stride(-1) != 1:
+        raise ValueError("shrunk must be contiguous in its last dimension.")

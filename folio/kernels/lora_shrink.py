@@ -12,7 +12,8 @@ Grid: (cdiv(tokens, BLOCK_M) + slots, SPLIT_K): enough blocks for any mix of ada
 function of the padded token count alone, so a CUDA graph captured for a decode batch size is
 valid for every mix (unused blocks have slot -1 and return at once). Decode batches have few
 tokens per slot and a long K, so the K loop is split over SPLIT_K programs writing partial
-sums, added afterwards (no atomics: the result does not depend on the order programs finish in).
+sums, added afterwards (no atomics: the result does not depend on the order programs finish in):
+by one more launch, or by the expand / fused activation as they load the shrink (keep_splits).
 
 For merged layers (QKV, gate/up) R stacks each shard's rank block: R = shards * r_max.
 """
@@ -87,8 +88,11 @@ def lora_shrink_triton(
     sorted_tokens: torch.Tensor,  # [tokens] int32
     blocks: LoRABlocks,  # plan_blocks(slot_counts, tokens) on the device
     split_k: int | None = None,
+    keep_splits: bool = False,
 ) -> torch.Tensor:  # [tokens, R] float32; rows of tokens without an adapter are undefined
-    """Triton launcher: checks shapes, picks tile sizes, sums the split-K partials."""
+    """Triton launcher: checks shapes, picks tile sizes, sums the split-K partials; with
+    keep_splits returns them unsummed, [split, tokens, R], for a consumer that adds them as it
+    loads them (lora_expand, lora_silu_and_mul): one launch fewer per LoRA layer."""
     _check(x, lora_a, sorted_tokens, blocks)
     check_same_device(_lora_shrink_kernel, x=x, lora_a=lora_a, sorted_tokens=sorted_tokens)
     tokens, k = x.shape
@@ -96,7 +100,7 @@ def lora_shrink_triton(
     split = split_k or _default_split(tokens, k)
     partial = torch.empty((split, tokens, r), dtype=torch.float32, device=x.device)
     if tokens == 0:
-        return partial.sum(0)
+        return partial if keep_splits else partial.sum(0)
     grid = (num_blocks(tokens, slots), split)
     _lora_shrink_kernel[grid](
         partial,
@@ -119,7 +123,20 @@ def lora_shrink_triton(
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=4,
     )
+    if keep_splits:
+        return partial
     return partial[0] if split == 1 else partial.sum(0)
+
+
+def sum_splits(shrunk: torch.Tensor) -> torch.Tensor:
+    """[tokens, R] from a shrink result, summing kept split-K partials ([split, tokens, R]) in
+    split order, as the consumers' loads do (float32, bit for bit)."""
+    if shrunk.dim() == 2:
+        return shrunk
+    total = shrunk[0]
+    for part in shrunk[1:]:
+        total = total + part
+    return total
 
 
 def lora_shrink_reference(

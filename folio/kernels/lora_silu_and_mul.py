@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from folio.kernels.activation import silu_and_mul_reference
-from folio.kernels.lora_expand import lora_expand_reference, slot_delta
+from folio.kernels.lora_expand import check_shrunk, lora_expand_reference, slot_delta
 from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, check_mapping, num_blocks
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
@@ -38,6 +38,8 @@ def _lora_silu_and_mul_kernel(
     s_stride,
     b_stride_slot,
     b_stride_n,
+    s_split_stride,
+    SPLIT: tl.constexpr,  # split-K partials of the shrink, summed as they load
     INTER: tl.constexpr,
     NUM_SLOTS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -60,9 +62,9 @@ def _lora_silu_and_mul_kernel(
     up = tl.load(rows + INTER, mask=mask, other=0.0).to(tl.float32)
     if slot < NUM_SLOTS:  # the gate shard's rank block, then the up shard's (B rows INTER on)
         d_gate = slot_delta(s_ptr, s_stride, 0, b_ptr, slot, b_stride_slot, b_stride_n,
-                            tokens, mask_m, cols, mask_n, R, BLOCK_R, PRECISION)
+                            tokens, mask_m, cols, mask_n, R, s_split_stride, SPLIT, BLOCK_R, PRECISION)
         d_up = slot_delta(s_ptr, s_stride, R, b_ptr, slot, b_stride_slot, b_stride_n,
-                          tokens, mask_m, cols + INTER, mask_n, R, BLOCK_R, PRECISION)
+                          tokens, mask_m, cols + INTER, mask_n, R, s_split_stride, SPLIT, BLOCK_R, PRECISION)
         gate = (gate + d_gate).to(dtype).to(tl.float32)
         up = (up + d_up).to(dtype).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
@@ -71,7 +73,7 @@ def _lora_silu_and_mul_kernel(
 
 def lora_silu_and_mul_triton(
     y: torch.Tensor,  # [tokens, 2 * inter] base gate/up output
-    shrunk: torch.Tensor,  # [tokens, 2 * R] float32
+    shrunk: torch.Tensor,  # [tokens, 2 * R] float32, or its [split, tokens, 2 * R] partials
     lora_b: torch.Tensor,  # [slots, 2 * inter, R]
     sorted_tokens: torch.Tensor,  # [tokens] int32: every token, adapter groups first
     act_blocks: LoRABlocks,  # plan_blocks over the slot groups plus the no-adapter group
@@ -89,7 +91,8 @@ def lora_silu_and_mul_triton(
     grid = (num_blocks(tokens, slots + 1), triton.cdiv(inter, block_n))
     _lora_silu_and_mul_kernel[grid](
         out, y, shrunk, lora_b, sorted_tokens, act_blocks.slots, act_blocks.starts, act_blocks.ends,
-        r, y.stride(0), shrunk.stride(0), lora_b.stride(0), lora_b.stride(1),
+        r, y.stride(0), shrunk.stride(-2), lora_b.stride(0), lora_b.stride(1),
+        shrunk.stride(0) if shrunk.dim() == 3 else 0, SPLIT=shrunk.shape[0] if shrunk.dim() == 3 else 1,
         INTER=inter, NUM_SLOTS=slots, BLOCK_M=block_m(tokens), BLOCK_N=block_n,
         BLOCK_R=max(16, next_power_of_2(r)), PRECISION="ieee" if lora_b.dtype == torch.float32 else "tf32",
         num_warps=4,
@@ -114,8 +117,4 @@ def _check(y: torch.Tensor, shrunk: torch.Tensor, lora_b: torch.Tensor) -> None:
         raise ValueError(f"y must be [tokens, 2 * inter] with contiguous rows, got {tuple(y.shape)}.")
     if lora_b.dim() != 3 or lora_b.shape[1] != y.shape[1] or not lora_b.is_contiguous():
         raise ValueError(f"lora_b must be a contiguous [slots, {y.shape[1]}, R], got {tuple(lora_b.shape)}.")
-    r = lora_b.shape[2]
-    if shrunk.dtype != torch.float32 or shrunk.dim() != 2 or shrunk.shape[0] != y.shape[0] or shrunk.shape[1] < 2 * r:
-        raise ValueError(f"shrunk must be float32 [{y.shape[0]}, {2 * r}], got {shrunk.dtype} {tuple(shrunk.shape)}.")
-    if shrunk.stride(1) != 1:
-        raise ValueError("shrunk must be contiguous in its last dimension.")
+    check_shrunk(shrunk, y.shape[0], 2 * lora_b.shape[2])

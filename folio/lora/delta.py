@@ -28,7 +28,7 @@ def add_lora_delta(
     if not mapping.any_adapter:
         return y  # base-model tokens only, or a graph captured for such steps (prepare_capture)
     if use_triton_for(x):
-        shrunk = lora_shrink_triton(x, lora_a, mapping.sorted_tokens, mapping.blocks)
+        shrunk = lora_shrink_triton(x, lora_a, mapping.sorted_tokens, mapping.blocks, keep_splits=True)
         return lora_expand_triton(y, shrunk, lora_b, shard_offsets, mapping.sorted_tokens, mapping.blocks, shard_sizes)
     slots = mapping.token_slots[: x.shape[0]]
     shrunk = lora_shrink_reference(x, lora_a, slots)

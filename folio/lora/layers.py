@@ -96,7 +96,7 @@ class LoRALinear(nn.Module):
         y = self.base_layer(x)  # [tokens, 2 * inter_per_partition] column-parallel: no reduce
         mapping = self.current_mapping()
         if mapping.any_adapter and use_triton_for(x) and len(self.shard_sizes) == 2:
-            shrunk = lora_shrink_triton(x, self.lora_a, mapping.sorted_tokens, mapping.blocks)
+            shrunk = lora_shrink_triton(x, self.lora_a, mapping.sorted_tokens, mapping.blocks, keep_splits=True)
             return lora_silu_and_mul_triton(y, shrunk, self.lora_b, mapping.sorted_tokens, mapping.act_blocks)
         return silu_and_mul(self._add_delta(y, x, mapping))
 

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from folio.kernels.lora_expand import lora_expand_reference, lora_expand_triton
-from folio.kernels.lora_shrink import LoRABlocks, block_m, lora_shrink_reference, lora_shrink_triton, num_blocks, plan_blocks
+from folio.kernels.lora_shrink import (
+    LoRABlocks, block_m, lora_shrink_reference, lora_shrink_triton, num_blocks, plan_blocks, sum_splits,
+)
 from folio.lora.delta import lora_delta_reference
 from folio.lora.mapping import group_tokens_by_slot
 
@@ -106,6 +108,28 @@ def test_split_k_partials_add_up(device):
     one = _run_kernels(x.to(device), a, b, slots, [16], base, device, split_k=1)
     three = _run_kernels(x.to(device), a, b, slots, [16], base, device, split_k=3)
     torch.testing.assert_close(one, three, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_expand_sums_kept_partials_as_it_loads_them(device, dtype):
+    """keep_splits: the expand reads the shrink's split-K partials and adds them in split order
+    as it loads them: bit for bit the expand of their sum (sum_splits), one launch fewer; the
+    torch reference takes the partials too."""
+    adapters, slots, x = _case(12, 200, [16, 8], [4, 4], 4, seed=4, none_fraction=0.25)
+    a, b = _stack(adapters, [16, 8], 200, 4, dtype, device)
+    base = torch.randn(12, 24, generator=torch.Generator().manual_seed(2)).to(device, dtype)
+    sorted_tokens, blocks = _mapping(slots, a.shape[0], device)
+    xd = x.to(device, dtype)
+    partials = lora_shrink_triton(xd, a, sorted_tokens, blocks, split_k=3, keep_splits=True)
+    assert partials.shape == (3, 12, 8)
+    offsets = torch.tensor([0, 16, 24], dtype=torch.int32, device=device)
+    kept = lora_expand_triton(base.clone(), partials, b, offsets, sorted_tokens, blocks, [16, 8])
+    summed = lora_expand_triton(base.clone(), sum_splits(partials), b, offsets, sorted_tokens, blocks, [16, 8])
+    assert torch.equal(kept, summed)
+    ref = lora_expand_reference(base.clone(), partials, b, slots.to(device), [16, 8])
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(kept.float(), ref.float(), atol=atol, rtol=rtol)
+    assert not torch.equal(kept, base)
 
 
 def test_no_adapter_tokens_is_a_no_op(device):

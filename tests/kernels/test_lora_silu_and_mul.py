@@ -10,7 +10,7 @@ import torch
 
 from folio.kernels.activation import silu_and_mul_triton
 from folio.kernels.lora_expand import lora_expand_triton
-from folio.kernels.lora_shrink import block_m, lora_shrink_reference, lora_shrink_triton
+from folio.kernels.lora_shrink import block_m, lora_shrink_reference, lora_shrink_triton, sum_splits
 from folio.kernels.lora_silu_and_mul import lora_silu_and_mul_reference, lora_silu_and_mul_triton
 from folio.lora.mapping import LoRAMappingBuffers
 from tests.kernels.test_lora import _case, _stack
@@ -32,6 +32,18 @@ def test_fused_activation_equals_expand_then_activation(device, dtype, tokens, p
 def test_fused_activation_at_llama_8b_width_on_gpu(tokens, padded):
     """Llama-3.1-8B's gate/up width (14,336) at rank 16, 8 slots, in bf16, decode to prefill sizes."""
     _check_fused(torch.device("cuda"), torch.bfloat16, tokens, padded, [16] * 8, 0.2, k=256, inter=14336, r_max=16)
+
+
+def test_fused_activation_sums_kept_partials(device):
+    """The fused activation on the shrink's kept split-K partials equals it on their sum."""
+    adapters, slots, x = _case(10, 256, [24, 24], [4, 4], 4, seed=7, none_fraction=0.2)
+    a, b = _stack(adapters, [24, 24], 256, 4, torch.bfloat16, device)
+    mapping = LoRAMappingBuffers(128, 2, device).write(slots.numpy(), 10)
+    xd = x.to(device, torch.bfloat16)
+    y = (torch.randn(10, 48, generator=torch.Generator().manual_seed(1)) * 3).to(device, torch.bfloat16)
+    partials = lora_shrink_triton(xd, a, mapping.sorted_tokens, mapping.blocks, split_k=4, keep_splits=True)
+    kept = lora_silu_and_mul_triton(y, partials, b, mapping.sorted_tokens, mapping.act_blocks)
+    assert torch.equal(kept, lora_silu_and_mul_triton(y, sum_splits(partials), b, mapping.sorted_tokens, mapping.act_blocks))
 
 
 def _check_fused(device, dtype, tokens, padded, ranks, none_fraction, k, inter, r_max):
