@@ -101,7 +101,7 @@ quant) part quant  # issue 13: FP8 W1 vs bf16 on the 8B, int4 batch-1 decode, FP
 spec-pair) part spec-pair  # issue 15: train the draft/target pair into /tmp/spec-pair (kept for the lease)
   [ -d /tmp/spec-pair/target ] || timeout 400 python3 -m folio.benchmarks.spec_decode_pair --out /tmp/spec-pair --device cuda --steps ${SPEC_STEPS:-1500} 2>&1 | grep -vE "it/s" | tail -6 ;;
 spec) part spec  # issue 15: batch-1 draft and n-gram speedups, batch-64 cost
-  timeout 400 python3 -m folio.benchmarks.spec_decode --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft --k 4 6 8 \
+  timeout 400 python3 -m folio.benchmarks.spec_decode --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft --k ${SPEC_K:-4 6 8} \
     2>&1 | grep -vE "INFO|it/s" | tail -40 | tee "$OUT/spec.txt" ;;
 spec-timeline) part spec-timeline  # issue 15: GPU busy time of batch-1 steps without / with n-gram / with the draft
   PYTHONPATH=${SITE:-}. timeout 300 python3 scripts/profile_spec.py --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft \
