@@ -102,7 +102,7 @@ spec-pair) part spec-pair  # issue 15: train the draft/target pair into /tmp/spe
   [ -d /tmp/spec-pair/target ] || timeout 400 python3 -m folio.benchmarks.spec_decode_pair --out /tmp/spec-pair --device cuda --steps ${SPEC_STEPS:-1500} 2>&1 | grep -vE "it/s" | tail -6 ;;
 spec) part spec  # issue 15: batch-1 draft and n-gram speedups, batch-64 cost
   timeout 400 python3 -m folio.benchmarks.spec_decode --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft --k ${SPEC_K:-4 6 8} \
-    2>&1 | grep -vE "INFO|it/s" | tail -40 | tee "$OUT/spec.txt" ;;
+    2>&1 | grep --line-buffered -vE "INFO|it/s" | tee "$OUT/spec.txt" | tail -40 ;;
 spec-timeline) part spec-timeline  # issue 15: GPU busy time of batch-1 steps without / with n-gram / with the draft
   PYTHONPATH=${SITE:-}. timeout 300 python3 scripts/profile_spec.py --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft \
     --gpu-timeline 2>&1 | grep -E "^#####|^  " | tee "$OUT/spec-timeline.txt" ;;
@@ -111,7 +111,7 @@ spec-profile) part spec-profile  # issue 15: cProfile of batch-1 steps (host tim
     --top 40 2>&1 | grep -vE "INFO|it/s" > "$OUT/spec-profile.txt"; grep -E "^#####" "$OUT/spec-profile.txt" ;;
 lora) part lora  # issue 14: base vs 1 adapter vs 8 adapters round-robin on W1, Llama-3.1-8B
   timeout 500 python3 scripts/bench_lora.py --config llama-3.1-8b --adapters 8 --rank 16 --json "$OUT/lora-w1.json" \
-    ${LORA_PROFILE:+--profile $LORA_PROFILE} 2>&1 | grep -vE "INFO|it/s" > "$OUT/lora.txt"; grep -v "^  " "$OUT/lora.txt" | tail -12 ;;
+    ${LORA_PROFILE:+--profile $LORA_PROFILE} 2>&1 | grep --line-buffered -vE "INFO|it/s" > "$OUT/lora.txt"; grep -v "^  " "$OUT/lora.txt" | tail -12 ;;
 dashboard) part dashboard  # issue 18: what the dashboard's polling costs W1 through HTTP
   PORT=18124
   timeout 300 python3 -m folio serve --model $QWEN --load-format dummy --dtype bfloat16 --port $PORT --disable-uvicorn-access-log > "$OUT/dashboard-serve.log" 2>&1 &

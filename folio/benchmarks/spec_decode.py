@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from folio.demo.corpus import pretraining_documents
+from folio.demo.trainer import QUOTE_SEPARATOR
 
 
 def plain_prompts(n: int) -> list[str]:
@@ -45,7 +46,7 @@ def copy_prompts(n: int, count_tokens: Callable[[str], int], min_quote_tokens: i
         opening = next((w + 4 for w in range(6, len(doc)) if sum(o[:w] == doc[:w] for o in words) == 1), len(doc))
         head, text = " ".join(doc[:opening]), " ".join(doc)
         if count_tokens(text) - count_tokens(head) >= min_quote_tokens:
-            prompts.append(text + "\n\n" + head)
+            prompts.append(text + QUOTE_SEPARATOR + head)
     if not prompts:
         raise ValueError(f"No corpus document has {min_quote_tokens} tokens after its opening.")
     return [prompts[i % len(prompts)] for i in range(n)]

@@ -31,6 +31,9 @@ class TrainingRecipe:
     seed: int = 0
     num_threads: int = 1  # fixed: results depend on it; one thread also suffers least from a busy CPU
     chat_repeats: int = 2  # chats are short: seen twice so the turn format and <|im_end|> stick
+    # Documents quoted after themselves ("doc\n\ndoc"), this many times each: a model that has
+    # seen text repeat can continue a quote of its prompt (speculation's copy-heavy benchmark).
+    quote_repeats: int = 0
 
 
 @dataclass(frozen=True)
@@ -40,12 +43,19 @@ class TrainingResult:
     seconds: float
 
 
+QUOTE_SEPARATOR = "\n\n"  # between a document and its quote
+
+
 def training_tokens(tokenizer: Any, recipe: TrainingRecipe) -> list[int]:
-    """The corpus as one token stream: documents, then ChatML conversations, each ended by eos."""
+    """The corpus as one token stream: documents, quoted documents (quote_repeats), then ChatML
+    conversations, each ended by eos."""
     eos = tokenizer.eos_token_id
     tokens: list[int] = []
     for doc in pretraining_documents(recipe.seed):
         tokens += tokenizer.encode(doc) + [eos]
+    for _ in range(recipe.quote_repeats):
+        for doc in pretraining_documents(recipe.seed):
+            tokens += tokenizer.encode(doc + QUOTE_SEPARATOR + doc) + [eos]
     for _ in range(recipe.chat_repeats):
         for conversation in chat_conversations(recipe.seed):
             text = render_chat(tokenizer.chat_template, conversation, add_generation_prompt=False)
