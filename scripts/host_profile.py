@@ -7,6 +7,7 @@ precomputed tensors at once, so nearly all the time left is engine Python.
 
     PYTHONPATH=. python scripts/host_profile.py [--requests 256] [--steps 200] [--profile]
         [--output-kind final|cumulative] [--no-tokenizer] [--sync] [--vocab 151936]
+        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 6, "disable_by_batch_size": 1}']
 
 Prints ms per decode step (steady state, every request decoding) and, with --profile, the
 cProfile table of those steps.
@@ -15,6 +16,7 @@ cProfile table of those steps.
 from __future__ import annotations
 
 import argparse
+import json
 import cProfile
 import pstats
 import tempfile
@@ -53,6 +55,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=None,
                         help="a model and a synthetic byte-level tokenizer of this many tokens (151936: Qwen3's), "
                              "so sampled ids spread over a real-sized vocabulary")
+    parser.add_argument("--speculative-config", default=None,
+                        help="JSON, e.g. an n-gram paused by disable_by_batch_size: what a paused speculator costs the host")
+    parser.add_argument("--dump", default=None, help="with --profile: also write the cProfile stats here (pstats)")
     args = parser.parse_args()
 
     path = tempfile.mkdtemp(prefix="folio-host-")
@@ -67,7 +72,8 @@ def main() -> None:
         if not args.no_tokenizer:
             save_test_tokenizer(path)
     llm = LLM(model=path, dtype="float32", device="cpu", max_model_len=512, max_num_seqs=args.requests,
-              async_scheduling=not args.sync)
+              async_scheduling=not args.sync,
+              speculative_config=json.loads(args.speculative_config) if args.speculative_config else None)
     engine = llm.llm_engine
     config = engine.config.model
     engine.runner.model = StubModel(config.hidden_size, config.vocab_size, args.requests)
@@ -88,6 +94,8 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     print(f"{args.requests} requests, {args.steps} decode steps: {1e3 * elapsed / args.steps:.3f} ms per step "
           f"({1e6 * elapsed / args.steps / args.requests:.2f} us per request)")
+    if profiler and args.dump:
+        profiler.dump_stats(args.dump)
     if profiler:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)

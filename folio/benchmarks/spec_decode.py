@@ -8,8 +8,9 @@ Three workloads (each --k value gets its own batch-1 rows), greedy, EOS ignored 
   so the output quotes the prompt): n-gram vs none, --copy-output-len tokens (64), from the
   documents long enough that the whole output is the quote (each row reports `quoted`, the
   fraction of the output that continues a quote of its prompt);
-- batch --batch (64), plain prompts: the cost of speculation at large batch (draft model and
-  n-gram, each also with disable_by_batch_size).
+- batch --batch (64), plain prompts, --batch-repeats (4) generate calls timed together: the cost
+  of speculation at large batch (draft model and n-gram, and the draft with
+  disable_by_batch_size).
 Each configuration is a fresh engine (max_num_seqs at least 16, so that a batch-1 verify step
 of k + 1 <= 16 tokens has a CUDA graph; at 8, k = 8 paused drafting); the clock covers
 `generate` only, after a warm-up that runs the same prompts for 16 tokens.
@@ -114,6 +115,7 @@ def main() -> None:
     parser.add_argument("--copy-output-len", type=int, default=64, help="tokens per copy-heavy request")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=8, help="batch-1 requests, run one after another")
+    parser.add_argument("--batch-repeats", type=int, default=4, help="generate calls of the --batch workload, timed together")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     engine = dict(device=args.device, max_model_len=1024, gpu_memory_utilization=0.5)
@@ -138,7 +140,9 @@ def main() -> None:
     baseline: dict[str, tuple[float, list]] = {}  # workload -> (tokens/s, outputs) without speculation
     rows = []
     for workload, spec, prompts, batch in runs:
-        groups = [[p] for p in prompts] if batch == 1 else [prompts]  # batch 1: one request at a time
+        # batch 1: one request at a time; the big batch --batch-repeats times (one generate of it
+        # is ~0.5 s on the H100, where run-to-run noise was +-10%)
+        groups = [[p] for p in prompts] if batch == 1 else [prompts] * args.batch_repeats
         output_len = args.copy_output_len if "copy-heavy" in workload else args.output_len
         result = run_one(args.target, spec, groups, output_len, max_num_seqs=max(batch, 16), **engine)
         outputs = result.pop("outputs")
