@@ -44,6 +44,16 @@ class StubModel:
         return self.logits[: hidden.shape[0]]
 
 
+def _speculative_config(text: str | None, path: str) -> dict | None:
+    """The --speculative-config JSON; "model": "SELF" drafts with the checkpoint itself."""
+    if not text:
+        return None
+    config = json.loads(text)
+    if config.get("model") == "SELF":
+        config["model"] = path
+    return config
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=256)
@@ -56,7 +66,8 @@ def main() -> None:
                         help="a model and a synthetic byte-level tokenizer of this many tokens (151936: Qwen3's), "
                              "so sampled ids spread over a real-sized vocabulary")
     parser.add_argument("--speculative-config", default=None,
-                        help="JSON, e.g. an n-gram paused by disable_by_batch_size: what a paused speculator costs the host")
+                        help='JSON, e.g. an n-gram paused by disable_by_batch_size: what a paused speculator costs the host '
+                        '("model": "SELF": a draft model, the checkpoint itself)')
     parser.add_argument("--dump", default=None, help="with --profile: also write the cProfile stats here (pstats)")
     args = parser.parse_args()
 
@@ -73,7 +84,7 @@ def main() -> None:
             save_test_tokenizer(path)
     llm = LLM(model=path, dtype="float32", device="cpu", max_model_len=512, max_num_seqs=args.requests,
               async_scheduling=not args.sync,
-              speculative_config=json.loads(args.speculative_config) if args.speculative_config else None)
+              speculative_config=_speculative_config(args.speculative_config, path))
     engine = llm.llm_engine
     config = engine.config.model
     engine.runner.model = StubModel(config.hidden_size, config.vocab_size, args.requests)

@@ -34,6 +34,9 @@ class ModelRunnerOutput:
     # Speculative decoding: per request, the drafts proposed for its next step ([] for none);
     # None when no proposer runs.
     spec_token_ids: list[Sequence[int]] | None = None  # per request; PendingDrafts from a draft model
+    # Requests that will get no more drafts (a draft model skipped them while paused): the
+    # scheduler stops reserving lookahead slots for them.
+    drafts_stopped: frozenset[str] = frozenset()
 
 
 @dataclass

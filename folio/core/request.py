@@ -91,6 +91,9 @@ class Request:
     # request's next step (1 + len of them scheduled); never part of all_token_ids. A draft
     # model's are PendingDrafts (core/pending_drafts.py) until something reads their ids.
     spec_token_ids: Sequence[int] = field(default_factory=list)
+    # Its draft model's K/V missed a step (the speculator was paused): no more drafts for it,
+    # so no more lookahead slots (core/speculation.py).
+    drafts_stopped: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

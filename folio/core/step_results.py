@@ -48,10 +48,14 @@ class StepResults:
             request.num_output_placeholders -= sched.samples
             if request.is_finished:  # aborted or stopped after schedule(): results are dropped
                 continue
-            if sched.spec_token_ids or self.num_lookahead_tokens:
+            if sched.spec_token_ids or (self.num_lookahead_tokens and not request.drafts_stopped):
                 settle_drafts(self.kv_cache_manager, self.spec_stats, sched, len(token_ids))
             if drafts is not None:
                 request.spec_token_ids = drafts[sched_index]
+            if request.request_id in runner_output.drafts_stopped:
+                # No lookahead from now on (a step already planned may hold one more: its
+                # blocks stay in the table, past the computed tokens, until they are reached).
+                request.drafts_stopped = True
             new_token_ids, status = self._append_tokens(request, token_ids)
             prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
             if status is not None:

@@ -60,6 +60,7 @@ class Speculator:
         self._step_drafts = False  # and whether any request of it drafts
         # Requests whose draft K/V misses a paused step's tokens: they never draft again.
         self.stale: set[str] = set()
+        self._newly_stale: set[str] = set()  # not yet reported to the scheduler (take_newly_stale)
         logger.info("Speculative decoding: %s, %d tokens per step", spec.method, spec.num_speculative_tokens)
 
     @property
@@ -79,7 +80,9 @@ class Speculator:
         drafting = sum(1 for i in sampling if self._may_draft(scheduled[i]))
         self._step_paused = self._pause_for(len(sampling), drafting)
         if self._step_paused and self.proposer.kv_bytes_per_block:
-            self.stale.update(s.request_id for s in scheduled)
+            fresh = {s.request_id for s in scheduled} - self.stale
+            self.stale |= fresh
+            self._newly_stale |= fresh
         elif any(self._may_draft(s) for s in scheduled):  # else no one would read the draft's K/V
             self.proposer.observe(inputs)
         self._step_drafts = not self._step_paused and drafting > 0
@@ -99,13 +102,20 @@ class Speculator:
         """Write drafts still on the device into the step's input ids (before its forward)."""
         fill_pending_drafts(inputs.input_ids, inputs.pending_drafts)
 
+    def take_newly_stale(self) -> frozenset[str]:
+        """Requests made stale since the last call: the step's output tells the scheduler,
+        which then stops reserving lookahead slots for them."""
+        fresh, self._newly_stale = frozenset(self._newly_stale), set()
+        return fresh
+
     def forget(self, request_ids: Iterable[str]) -> None:
         """Requests that finished: nothing to remember about them."""
         self.stale.difference_update(request_ids)
+        self._newly_stale.difference_update(request_ids)
         self.proposer.forget(request_ids)
 
     def _may_draft(self, sched: ScheduledRequest) -> bool:
-        return sched.request.can_speculate and sched.request_id not in self.stale
+        return sched.request_id not in self.stale and sched.request.can_speculate
 
     def verify(
         self,

@@ -55,6 +55,7 @@ class PendingOutput:
         # Whether the step verified or proposed drafts: the next step's plan depends on its
         # results, so the engine does not launch it ahead (async scheduling).
         self.speculative = False
+        self.drafts_stopped: frozenset[str] = frozenset()  # see ModelRunnerOutput
 
     # ---- filled during launch ---------------------------------------------------------------
     def add_sampled(self, sampled: torch.Tensor, batch_indices: list[int]) -> None:
@@ -91,7 +92,8 @@ class PendingOutput:
         if self._sampled is not None:
             for batch_index, token_id in zip(self._sampling_batch_indices, self._sampled.tolist()):
                 sampled[batch_index] = [token_id]
-        output = ModelRunnerOutput(req_ids=self.req_ids, sampled_token_ids=sampled, spec_token_ids=self.spec_token_ids)
+        output = ModelRunnerOutput(req_ids=self.req_ids, sampled_token_ids=sampled, spec_token_ids=self.spec_token_ids,
+                                   drafts_stopped=self.drafts_stopped)
         if self._logprobs is not None:
             output.logprobs = self._token_logprobs(self._logprobs, n)
         for batch_index, (token_ids, logprobs) in self._verified.items():

@@ -74,6 +74,7 @@ class StepSampling:
             # updates requests and schedules the next step while the GPU drafts.
             pending.spec_token_ids = self.speculator.propose(scheduled, inputs, hidden, emitted)
             pending.speculative = bool(inputs.verify_batch_indices) or any(map(len, pending.spec_token_ids))
+            pending.drafts_stopped = self.speculator.take_newly_stale()
         return pending
 
     def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

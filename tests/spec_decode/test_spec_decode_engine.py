@@ -172,12 +172,27 @@ def test_drafting_pauses_while_verify_steps_would_outgrow_the_graphs(paths, base
     mirrored = []
     mirror = speculator.proposer._mirror
     monkeypatch.setattr(speculator.proposer, "_mirror", lambda inputs: (mirrored.append(1), mirror(inputs)))
+    import folio.core.scheduler as scheduler_module
+
+    reserved: dict[str, list[int]] = {}  # request id -> lookahead slots reserved at each schedule
+    lookahead = scheduler_module.lookahead_slots
+
+    def spy(request, *args):
+        reserved.setdefault(request.request_id, []).append(n := lookahead(request, *args))
+        return n
+
+    monkeypatch.setattr(scheduler_module, "lookahead_slots", spy)
     with caplog.at_level("INFO", logger="folio.spec_decode.speculator"):
         batched = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
         assert stats.num_drafts == 0 and not mirrored
         assert speculator.stale == {o.request_id for o in batched}
+        # Stale requests stop reserving lookahead slots (at most the step planned before the
+        # update that reported them); each was scheduled for (nearly) every token.
+        assert all(sum(1 for n in reserved[o.request_id] if n) <= 2 for o in batched), reserved
+        assert all(len(reserved[o.request_id]) >= GREEDY.max_tokens - 1 for o in batched), reserved
         pair = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
     assert stats.num_drafts > 0 and mirrored
+    assert all(any(reserved[o.request_id]) for o in pair)  # drafting requests do reserve them
     assert not speculator.stale  # finished requests are forgotten (at the next step)
     assert "Speculative decoding paused: 3 requests (3 drafting 3 tokens) verify 12 tokens, more than" in caplog.text
     assert "the draft model skips the batch, whose requests finish without drafts" in caplog.text
