@@ -77,8 +77,12 @@ class Speculator:
         drafts: a step that does not needs no tokens on the host and may run ahead (async
         scheduling, engine/llm_engine.py)."""
         sampling = [*inputs.sampling_batch_indices, *inputs.verify_batch_indices]
-        drafting = sum(1 for i in sampling if self._may_draft(scheduled[i]))
-        self._step_paused = self._pause_for(len(sampling), drafting)
+        if self.disable_by_batch_size is not None and len(sampling) >= self.disable_by_batch_size:
+            drafting = 0  # paused whoever may draft: no scan of the batch
+            self._step_paused = True
+        else:
+            drafting = sum(1 for i in sampling if self._may_draft(scheduled[i]))
+            self._step_paused = self._pause_for(len(sampling), drafting)
         if self._step_paused and self.proposer.kv_bytes_per_block:
             fresh = {s.request_id for s in scheduled} - self.stale
             self.stale |= fresh
