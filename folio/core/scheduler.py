@@ -283,7 +283,10 @@ class Scheduler(WaitingAdmission, StepResults):
         if request.num_output_placeholders and reaches_length_cap(request, self.config.max_model_len):
             return 0
         remaining = request.num_tokens_with_placeholders - request.num_computed_tokens
-        if remaining == 1 and request.spec_token_ids:
+        # Drafts follow the request's last known token: none while a sampled token is still in
+        # flight (a step launched ahead of one in which the request sampled without verifying
+        # them, e.g. cut to one token by the budget): they would sit behind that placeholder.
+        if remaining == 1 and request.spec_token_ids and not request.num_output_placeholders:
             remaining += max_drafts(request, self.config.max_model_len)  # ScheduleStep.add takes them
         return max(0, min(remaining, budget))
 

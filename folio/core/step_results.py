@@ -53,8 +53,9 @@ class StepResults:
             if drafts is not None:
                 request.spec_token_ids = drafts[sched_index]
             if request.request_id in runner_output.drafts_stopped:
-                # No lookahead from now on (a step already planned may hold one more: its
-                # blocks stay in the table, past the computed tokens, until they are reached).
+                # No lookahead from now on. A step planned ahead of this update reserved one
+                # more; settle_drafts above has already released it (num_computed_tokens
+                # counts that step's tokens, not the slots past them).
                 request.drafts_stopped = True
             new_token_ids, status = self._append_tokens(request, token_ids)
             prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)

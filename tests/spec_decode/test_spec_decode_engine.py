@@ -236,3 +236,16 @@ def test_paused_steps_run_ahead_and_drafting_resumes_when_the_batch_shrinks(path
             baseline.generate(PROMPTS[:2], GREEDY, use_tqdm=False))
         assert stats.num_drafts > 0
     assert not any(launched and speculated for launched, speculated in ahead)  # nothing ran ahead of those
+
+
+def test_a_step_launched_ahead_never_verifies_drafts_behind_an_inflight_token(paths, baseline):
+    """n-gram, a 2-token budget: a request cut to one token samples a placeholder while the
+    drafts of an earlier step are still on it; a step launched ahead of that one must not
+    schedule those drafts after the placeholder (it crashed the step build: "a placeholder in a
+    2-token chunk"). Found by a review's random search; outputs stay those without speculation."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    llm = _llm(paths, spec, max_num_batched_tokens=2, max_num_seqs=2)
+    prompts = [{"prompt_token_ids": [7, 46, 24, 33, 38, 9, 25]}, {"prompt_token_ids": [23, 42, 43, 16, 38]}]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (9, 20)]
+    assert _summary(llm.generate(prompts, params, use_tqdm=False)) == _summary(
+        baseline.generate(prompts, params, use_tqdm=False))
