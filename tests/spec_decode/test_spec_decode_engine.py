@@ -249,3 +249,23 @@ def test_a_step_launched_ahead_never_verifies_drafts_behind_an_inflight_token(pa
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (9, 20)]
     assert _summary(llm.generate(prompts, params, use_tqdm=False)) == _summary(
         baseline.generate(prompts, params, use_tqdm=False))
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft-same"])
+def test_random_small_budgets_keep_outputs_exact(paths, baseline, method):
+    """Seeded random pairs of requests under 2-4-token budgets and 2 sequences (chunked prompts,
+    requests cut to one token beside others' drafts, steps launched ahead), a draft model also
+    paused now and then (a small graph limit): greedy outputs equal those without speculation."""
+    import random
+
+    rng = random.Random(7)
+    for trial in range(8):
+        budget = rng.randrange(2, 5)
+        llm = _llm(paths, {**_spec(paths, method), "prompt_lookup_min": 1} if method == "ngram" else _spec(paths, method),
+                   max_num_batched_tokens=budget, max_num_seqs=2)
+        if method != "ngram":
+            llm.llm_engine.runner.speculator.max_graph_tokens = rng.choice([None, 4, 6])
+        prompts = [{"prompt_token_ids": [rng.randrange(3, 50) for _ in range(rng.randrange(2, 8))]} for _ in range(2)]
+        params = [SamplingParams(temperature=0, max_tokens=rng.randrange(2, 14), ignore_eos=True) for _ in range(2)]
+        got = llm.generate(prompts, params, use_tqdm=False)
+        assert _summary(got) == _summary(baseline.generate(prompts, params, use_tqdm=False)), (trial, budget)
