@@ -9,8 +9,10 @@ adapter_model.safetensors). Runs in one process, one after the other:
   lora-none     the LoRA engine, no request uses an adapter (the cost of the wrappers alone);
   lora-1        the LoRA engine, every request under one adapter;
   lora-N        the LoRA engine, request i under adapter i % N (max_loras = N).
-Each engine gets a short warm-up generate first; the clock covers generate only. Targets
-(issue 14): lora-N >= 75% of base, lora-1 >= 90%.
+Each engine gets a short warm-up generate first; the clock covers generate only. --abba times
+each mode twice in mirrored order (and base before and after) and reports the means: in one
+session-6 call two runs of one configuration differed by 7%, first to last. Targets (issue 14):
+lora-N >= 75% of base, lora-1 >= 90%.
 """
 
 from __future__ import annotations
@@ -111,6 +113,56 @@ def profile_kernels(llm, workload, loras, top: int) -> None:
         torch.cuda.synchronize()
 
 
+def run_base(common: dict, workload) -> dict:
+    """The base model's W1 (an engine without LoRA), after its warm-up."""
+    from folio import LLM
+
+    llm = LLM(**common)
+    warm_up(llm, lambda n: None)
+    result = timed_generate(llm, workload, None)
+    print("base", result, flush=True)
+    del llm
+    release_device_memory()
+    return result
+
+
+def run_lora(common: dict, hf: dict, args, workload, order: list[str]) -> list[tuple[str, dict]]:
+    """One LoRA engine: each mode warmed up, then timed in `order` (modes may repeat)."""
+    from folio import LLM, LoRARequest
+
+    root = tempfile.mkdtemp(prefix="folio-lora-bench-")
+    start = time.perf_counter()
+    adapters = [LoRARequest(f"adapter{i}", i + 1, write_random_adapter(os.path.join(root, f"a{i}"), hf, args.rank, i))
+                for i in range(args.adapters)]
+    print(f"wrote {args.adapters} adapters of rank {args.rank} in {time.perf_counter() - start:.1f} s", flush=True)
+    llm = LLM(**common, enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank)
+    per_mode = {
+        "lora-none": lambda n: None,
+        "lora-1": lambda n: [adapters[0]] * n,
+        "lora-N": lambda n: [adapters[i % len(adapters)] for i in range(n)],
+    }
+    for mode in dict.fromkeys(order):
+        warm_up(llm, per_mode[mode])
+    timed = []
+    for mode in order:
+        timed.append((mode, timed_generate(llm, workload, per_mode[mode](len(workload.requests)))))
+        print(mode, timed[-1][1], flush=True)
+    if args.profile:
+        head = workload.head(args.profile)
+        for mode in dict.fromkeys(order):
+            print(f"##### kernels of {mode}, the first {args.profile} requests of W1", flush=True)
+            profile_kernels(llm, head, per_mode[mode](len(head.requests)), top=16)
+    del llm
+    release_device_memory()
+    return timed
+
+
+def combine(runs: list[dict]) -> dict:
+    """One mode's runs: mean tokens/s, each run kept."""
+    return {"output_tok_s": sum(r["output_tok_s"] for r in runs) / len(runs), "runs": runs,
+            "complete": all(r["complete"] for r in runs)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="llama-3.1-8b", help="a folder under folio/benchmarks/configs")
@@ -121,8 +173,10 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", type=int, default=0, help="then each LoRA mode's kernels over this many W1 requests")
+    parser.add_argument("--abba", action="store_true",
+                        help="each LoRA mode timed twice, in order then reversed, and base before and after: "
+                             "a drift over the run (clocks, heat) then weighs on every mode alike")
     args = parser.parse_args()
-    from folio import LLM, LoRARequest
 
     model = os.path.join(CONFIGS, args.config)
     with open(os.path.join(model, "config.json")) as f:
@@ -130,39 +184,17 @@ def main() -> int:
     workload = w1() if args.num_prompts is None else w1().head(args.num_prompts)
     modes = args.modes.split(",")
     common = dict(model=model, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len)
-    results: dict[str, dict] = {}
+    runs: dict[str, list[dict]] = {}  # mode -> its timed runs
     if "base" in modes:
-        llm = LLM(**common)
-        warm_up(llm, lambda n: None)
-        results["base"] = timed_generate(llm, workload, None)
-        print("base", results["base"], flush=True)
-        del llm
-        release_device_memory()
+        runs["base"] = [run_base(common, workload)]
     lora_modes = [m for m in modes if m.startswith("lora-")]
     if lora_modes:
-        root = tempfile.mkdtemp(prefix="folio-lora-bench-")
-        start = time.perf_counter()
-        adapters = [LoRARequest(f"adapter{i}", i + 1, write_random_adapter(os.path.join(root, f"a{i}"), hf, args.rank, i))
-                    for i in range(args.adapters)]
-        print(f"wrote {args.adapters} adapters of rank {args.rank} in {time.perf_counter() - start:.1f} s", flush=True)
-        llm = LLM(**common, enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank)
-        per_mode = {
-            "lora-none": lambda n: None,
-            "lora-1": lambda n: [adapters[0]] * n,
-            "lora-N": lambda n: [adapters[i % len(adapters)] for i in range(n)],
-        }
-        for mode in lora_modes:
-            warm_up(llm, per_mode[mode])
-        for mode in lora_modes:
-            results[mode] = timed_generate(llm, workload, per_mode[mode](len(workload.requests)))
-            print(mode, results[mode], flush=True)
-        if args.profile:
-            head = workload.head(args.profile)
-            for mode in lora_modes:
-                print(f"##### kernels of {mode}, the first {args.profile} requests of W1", flush=True)
-                profile_kernels(llm, head, per_mode[mode](len(head.requests)), top=16)
-        del llm
-        release_device_memory()
+        order = lora_modes + lora_modes[::-1] if args.abba else lora_modes
+        for mode, result in run_lora(common, hf, args, workload, order):
+            runs.setdefault(mode, []).append(result)
+    if "base" in modes and args.abba:
+        runs["base"].append(run_base(common, workload))
+    results = {mode: combine(mode_runs) for mode, mode_runs in runs.items()}
     if "base" in results:
         for mode, r in results.items():
             r["fraction_of_base"] = r["output_tok_s"] / results["base"]["output_tok_s"]

@@ -110,7 +110,7 @@ spec-profile) part spec-profile  # issue 15: cProfile of batch-1 steps (host tim
   PYTHONPATH=${SITE:-}. timeout 300 python3 scripts/profile_spec.py --target /tmp/spec-pair/target --draft /tmp/spec-pair/draft \
     --top 40 2>&1 | grep -vE "INFO|it/s" > "$OUT/spec-profile.txt"; grep -E "^#####" "$OUT/spec-profile.txt" ;;
 lora) part lora  # issue 14: base vs 1 adapter vs 8 adapters round-robin on W1, Llama-3.1-8B
-  timeout 500 python3 scripts/bench_lora.py --config llama-3.1-8b --adapters 8 --rank 16 --json "$OUT/lora-w1.json" \
+  timeout 560 python3 scripts/bench_lora.py --config llama-3.1-8b --adapters 8 --rank 16 --abba --json "$OUT/lora-w1.json" \
     ${LORA_PROFILE:+--profile $LORA_PROFILE} 2>&1 | grep --line-buffered -vE "INFO|it/s" > "$OUT/lora.txt"; grep -v "^  " "$OUT/lora.txt" | tail -12 ;;
 dashboard) part dashboard  # issue 18: what the dashboard's polling costs W1 through HTTP
   PORT=18124
