@@ -104,6 +104,7 @@ def lora_expand_triton(
         return y
     block_n = 64 if tokens <= 1024 else 128
     n_blocks = triton.cdiv(max(shard_sizes), block_n)
+    split_stride, split = split_layout(shrunk)
     grid = (num_blocks(tokens, slots), len(shard_sizes) * n_blocks)
     _lora_expand_kernel[grid](
         y,
@@ -119,8 +120,8 @@ def lora_expand_triton(
         shrunk.stride(-2),
         lora_b.stride(0),
         lora_b.stride(1),
-        shrunk.stride(0) if shrunk.dim() == 3 else 0,
-        SPLIT=shrunk.shape[0] if shrunk.dim() == 3 else 1,
+        split_stride,
+        SPLIT=split,
         NUM_N_BLOCKS=n_blocks,
         BLOCK_M=block_m(tokens),
         BLOCK_N=block_n,
@@ -170,6 +171,11 @@ def _check(y, shrunk, lora_b, shard_offsets, shard_sizes) -> None:
     check_shrunk(shrunk, y.shape[0], len(shard_sizes) * r)
     if shard_offsets.dtype != torch.int32 or tuple(shard_offsets.shape) != (len(shard_sizes) + 1,):
         raise ValueError(f"shard_offsets must be int32 [{len(shard_sizes) + 1}], got {shard_offsets.dtype} {tuple(shard_offsets.shape)}.")
+
+
+def split_layout(shrunk: torch.Tensor) -> tuple[int, int]:
+    """(stride between split-K partials, how many) of a shrink result: (0, 1) when summed."""
+    return (shrunk.stride(0), shrunk.shape[0]) if shrunk.dim() == 3 else (0, 1)
 
 
 def check_shrunk(shrunk: torch.Tensor, tokens: int, width: int) -> None:

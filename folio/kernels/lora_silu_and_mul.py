@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from folio.kernels.activation import silu_and_mul_reference
-from folio.kernels.lora_expand import check_shrunk, lora_expand_reference, slot_delta
+from folio.kernels.lora_expand import check_shrunk, lora_expand_reference, slot_delta, split_layout
 from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, check_mapping, num_blocks
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
@@ -89,11 +89,11 @@ def lora_silu_and_mul_triton(
         return out
     block_n = 64 if tokens <= 1024 else 128
     grid = (num_blocks(tokens, slots + 1), triton.cdiv(inter, block_n))
+    split_stride, split = split_layout(shrunk)
     _lora_silu_and_mul_kernel[grid](
         out, y, shrunk, lora_b, sorted_tokens, act_blocks.slots, act_blocks.starts, act_blocks.ends,
         r, y.stride(0), shrunk.stride(-2), lora_b.stride(0), lora_b.stride(1),
-        shrunk.stride(0) if shrunk.dim() == 3 else 0, SPLIT=shrunk.shape[0] if shrunk.dim() == 3 else 1,
-        INTER=inter, NUM_SLOTS=slots, BLOCK_M=block_m(tokens), BLOCK_N=block_n,
+        split_stride, SPLIT=split, INTER=inter, NUM_SLOTS=slots, BLOCK_M=block_m(tokens), BLOCK_N=block_n,
         BLOCK_R=max(16, next_power_of_2(r)), PRECISION="ieee" if lora_b.dtype == torch.float32 else "tf32",
         num_warps=4,
     )

@@ -138,9 +138,7 @@ class Speculator:
     ) -> list[Sequence[int]]:
         """Drafts for every scheduled request, [] for those that get none (a draft model's
         are PendingDrafts: their values still on the device)."""
-        if self._step_paused is None:  # observe() did not run for this step
-            self.observe(scheduled, inputs)
-        paused, self._step_paused = self._step_paused, None
+        paused, self._step_paused = self._step_paused, None  # observe() ran for this step
         emitted = {i: tokens for i, tokens in emitted.items() if self._may_draft(scheduled[i])}
         if paused or not emitted:
             return [[] for _ in scheduled]

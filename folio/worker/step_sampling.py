@@ -136,7 +136,7 @@ class StepSampling:
         verifies is synchronous (engine/llm_engine.py): its tokens come to the host here; one
         that does neither (a paused speculator) reads nothing and may run ahead."""
         assert self.speculator is not None
-        if not self.speculator.observed:  # launch_forward observes; kept for other callers
+        if not self.speculator.observed:  # launch_forward observes; propose() relies on it
             self.speculator.observe(scheduled, inputs)
         emitted: dict[int, list[int]] = {}
         if sampled is not None and self.speculator.step_drafts:  # else no host read: no wait
