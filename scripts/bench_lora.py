@@ -9,7 +9,8 @@ adapter_model.safetensors). Runs in one process, one after the other:
   lora-none     the LoRA engine, no request uses an adapter (the cost of the wrappers alone);
   lora-1        the LoRA engine, every request under one adapter;
   lora-N        the LoRA engine, request i under adapter i % N (max_loras = N).
-Each engine gets a short warm-up generate first; the clock covers generate only. --abba times
+Each engine gets a short warm-up generate first; the clock covers generate only. Prefix caching
+is off: the same W1 prompts run several times in one engine. --abba times
 each mode twice in mirrored order (and base before and after) and reports the means: in one
 session-6 call two runs of one configuration differed by 7%, first to last. Targets (issue 14):
 lora-N >= 75% of base, lora-1 >= 90%.
@@ -183,7 +184,11 @@ def main() -> int:
         hf = json.load(f)
     workload = w1() if args.num_prompts is None else w1().head(args.num_prompts)
     modes = args.modes.split(",")
-    common = dict(model=model, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len)
+    # Prefix caching off: W1 fits the 8B's KV cache whole, so a mode timed again (--abba) would
+    # find its prompts cached from its first run (session 7: lora-N's second run 8,789 tok/s,
+    # its first 7,214) and a mode after another sharing an adapter would find part of them.
+    common = dict(model=model, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len,
+                  enable_prefix_caching=False)
     runs: dict[str, list[dict]] = {}  # mode -> its timed runs
     if "base" in modes:
         runs["base"] = [run_base(common, workload)]

@@ -8,10 +8,13 @@ Three workloads (each --k value gets its own batch-1 rows), greedy, EOS ignored 
   so the output quotes the prompt): n-gram vs none, --copy-output-len tokens (64), from the
   documents long enough that the whole output is the quote (each row reports `quoted`, the
   fraction of the output that continues a quote of its prompt);
-- batch --batch (64), plain prompts, --batch-repeats (4) generate calls timed together: the cost
-  of speculation at large batch (draft model and n-gram, and the draft with
-  disable_by_batch_size).
-Each configuration is a fresh engine (max_num_seqs at least 16, so that a batch-1 verify step
+- batch --batch (64), plain prompts: the cost of speculation at large batch (draft model and
+  n-gram, and the draft with disable_by_batch_size). These engines live side by side (a fixed
+  KV cache each, --batch-blocks) and take turns: --batch-repeats (4) rounds, each one generate
+  per engine, the order rotating every round, so drift of the machine over the run (session 7
+  saw the same configuration's tokens/s move 20% between runs minutes apart) falls on all of
+  them alike; each row reports its total and the median of its per-round ratios.
+Each batch-1 configuration is a fresh engine (max_num_seqs at least 16, so that a batch-1 verify step
 of k + 1 <= 16 tokens has a CUDA graph; at 8, k = 8 paused drafting); the clock covers
 `generate` only, after a warm-up that runs the same prompts for 16 tokens.
 Prints one JSON line per run (tokens/s, speed-up over the same workload without speculation,
@@ -65,45 +68,86 @@ def quoted_fraction(prompt: list[int], output: list[int]) -> float:
     return best / len(output) if output else 0.0
 
 
+class Timed:
+    """One engine under measurement: warmed up on its prompts, then timed generate by generate."""
+
+    def __init__(self, target: str, spec: dict | None, output_len: int, groups: list[list[str]], **engine: Any) -> None:
+        from folio import LLM, SamplingParams
+
+        self.llm = LLM(model=target, speculative_config=spec, **engine)
+        self.params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+        # Warm-up over the same prompts: Triton specialises kernels on sizes (a prompt length that
+        # is a multiple of 16 or not), and a first compile inside the clock would count as decode.
+        warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+        for prompts in groups:
+            self.llm.generate(prompts, warm, use_tqdm=False)
+        stats = self.llm.llm_engine.scheduler.spec_stats
+        self.before = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+        self.outputs: list = []
+        self.seconds: list[float] = []  # one entry per timed generate
+
+    def generate(self, prompts: list[str]) -> float:
+        start = time.perf_counter()
+        self.outputs += self.llm.generate(prompts, self.params, use_tqdm=False)
+        self.seconds.append(time.perf_counter() - start)
+        return self.seconds[-1]
+
+    def result(self) -> dict:
+        stats = self.llm.llm_engine.scheduler.spec_stats
+        drafts, drafted, accepted = (stats.num_drafts - self.before[0], stats.num_draft_tokens - self.before[1],
+                                     stats.num_accepted_tokens - self.before[2])
+        outputs, seconds = self.outputs, sum(self.seconds)
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        return {
+            "tokens": tokens,
+            "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / seconds, 1),
+            "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+            "mean_accepted_length": round(1 + accepted / drafts, 2) if drafts else None,
+            "acceptance_per_position": [round(r, 3) for r in stats.acceptance_rate_per_position()],
+            "quoted": round(sum(quoted_fraction(o.prompt_token_ids, o.outputs[0].token_ids) for o in outputs) / len(outputs), 3),
+            "outputs": [o.outputs[0].token_ids for o in outputs],
+        }
+
+    def close(self) -> None:
+        import torch
+
+        del self.llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def run_one(target: str, spec: dict | None, groups: list[list[str]], output_len: int, **engine: Any) -> dict:
     """One engine; each group of prompts is one generate call (a group of one: batch 1)."""
-    import torch
-
-    from folio import LLM, SamplingParams
-
-    llm = LLM(model=target, speculative_config=spec, **engine)
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    # Warm-up over the same prompts: Triton specialises kernels on sizes (a prompt length that is
-    # a multiple of 16 or not), and a first compile inside the clock would be measured as decode.
-    warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    timed = Timed(target, spec, output_len, groups, **engine)
     for prompts in groups:
-        llm.generate(prompts, warm, use_tqdm=False)
-    stats = llm.llm_engine.scheduler.spec_stats
-    before = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
-    outputs, seconds = [], 0.0
-    for prompts in groups:
-        start = time.perf_counter()
-        outputs += llm.generate(prompts, params, use_tqdm=False)
-        seconds += time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    drafts, drafted, accepted = (
-        stats.num_drafts - before[0], stats.num_draft_tokens - before[1], stats.num_accepted_tokens - before[2]
-    )
-    result = {
-        "tokens": tokens,
-        "seconds": round(seconds, 3),
-        "tokens_per_s": round(tokens / seconds, 1),
-        "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
-        "mean_accepted_length": round(1 + accepted / drafts, 2) if drafts else None,
-        "acceptance_per_position": [round(r, 3) for r in stats.acceptance_rate_per_position()],
-        "quoted": round(sum(quoted_fraction(o.prompt_token_ids, o.outputs[0].token_ids) for o in outputs) / len(outputs), 3),
-        "outputs": [o.outputs[0].token_ids for o in outputs],
-    }
-    del llm
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        timed.generate(prompts)
+    result = timed.result()
+    timed.close()
     return result
+
+
+def run_rounds(target: str, specs: list[dict | None], prompts: list[str], output_len: int, rounds: int,
+               **engine: Any) -> list[dict]:
+    """Every configuration's engine at once, taking turns: `rounds` rounds of one generate each,
+    the order rotated each round. Each result adds `round_ratios`: its seconds over the first
+    configuration's in the same round, and their median, `median_ratio` (the first's tokens/s
+    over its own per round)."""
+    engines = [Timed(target, spec, output_len, [prompts], **engine) for spec in specs]
+    for r in range(rounds):
+        for i in range(len(engines)):
+            engines[(i + r) % len(engines)].generate(prompts)
+    results = [e.result() for e in engines]
+    base = engines[0].seconds
+    for e, result in zip(engines, results):
+        ratios = sorted(b / s for b, s in zip(base, e.seconds))
+        result["round_ratios"] = [round(b / s, 3) for b, s in zip(base, e.seconds)]
+        result["median_ratio"] = round(ratios[len(ratios) // 2] if len(ratios) % 2 else
+                                       (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2, 3)
+    for e in engines:
+        e.close()
+    return results
 
 
 def main() -> None:
@@ -115,7 +159,8 @@ def main() -> None:
     parser.add_argument("--copy-output-len", type=int, default=64, help="tokens per copy-heavy request")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=8, help="batch-1 requests, run one after another")
-    parser.add_argument("--batch-repeats", type=int, default=4, help="generate calls of the --batch workload, timed together")
+    parser.add_argument("--batch-repeats", type=int, default=4, help="rounds of the --batch engines (one generate each)")
+    parser.add_argument("--batch-blocks", type=int, default=4096, help="KV blocks of each --batch engine (they share the device)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     engine = dict(device=args.device, max_model_len=1024, gpu_memory_utilization=0.5)
@@ -133,18 +178,13 @@ def main() -> None:
         *[("batch 1, plain", d, plain_prompts(args.prompts), 1) for d in drafts],
         ("batch 1, copy-heavy", None, copying, 1),
         *[("batch 1, copy-heavy", n, copying, 1) for n in ngrams],
-        (big, None, plain_prompts(args.batch), args.batch),
-        *[(big, spec, plain_prompts(args.batch), args.batch) for spec in (drafts[0], ngrams[0])],
-        (big, {**drafts[0], "disable_by_batch_size": 32}, plain_prompts(args.batch), args.batch),
     ]
+    big_specs = [None, drafts[0], ngrams[0], {**drafts[0], "disable_by_batch_size": 32}]
+    big_engine = {**engine, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": args.batch_blocks}
     baseline: dict[str, tuple[float, list]] = {}  # workload -> (tokens/s, outputs) without speculation
     rows = []
-    for workload, spec, prompts, batch in runs:
-        # batch 1: one request at a time; the big batch --batch-repeats times (one generate of it
-        # is ~0.5 s on the H100, where run-to-run noise was +-10%)
-        groups = [[p] for p in prompts] if batch == 1 else [prompts] * args.batch_repeats
-        output_len = args.copy_output_len if "copy-heavy" in workload else args.output_len
-        result = run_one(args.target, spec, groups, output_len, max_num_seqs=max(batch, 16), **engine)
+
+    def report(workload: str, spec: dict | None, result: dict) -> None:
         outputs = result.pop("outputs")
         if spec is None:
             baseline[workload] = (result["tokens_per_s"], outputs)
@@ -154,10 +194,19 @@ def main() -> None:
         method = "none" if spec is None else json.dumps(spec)
         print(json.dumps({"workload": workload, "speculation": method, **result}), flush=True)
         rows.append((workload, method, result))
-    print("\n| workload | speculation | tok/s | speed-up | acceptance | mean accepted length | quoted | same outputs |")
+
+    for workload, spec, prompts, _ in runs:
+        output_len = args.copy_output_len if "copy-heavy" in workload else args.output_len
+        report(workload, spec, run_one(args.target, spec, [[p] for p in prompts], output_len, max_num_seqs=16, **engine))
+    big_results = run_rounds(args.target, big_specs, plain_prompts(args.batch), args.output_len, args.batch_repeats,
+                             max_num_seqs=args.batch, **big_engine)
+    for spec, result in zip(big_specs, big_results):
+        report(big, spec, result)
+    print("\n| workload | speculation | tok/s | speed-up (median per round) | acceptance | mean accepted length | quoted | same outputs |")
     print("|---|---|---|---|---|---|---|---|")
     for workload, method, r in rows:
-        print(f"| {workload} | `{method}` | {r['tokens_per_s']} | {r['speedup']}x | {r['acceptance_rate']} "
+        median = f" ({r['median_ratio']}x)" if "median_ratio" in r else ""
+        print(f"| {workload} | `{method}` | {r['tokens_per_s']} | {r['speedup']}x{median} | {r['acceptance_rate']} "
               f"| {r['mean_accepted_length']} | {r['quoted']} | {r['same_outputs_as_no_speculation']} |")
 
 
