@@ -127,8 +127,10 @@ def run_base(common: dict, workload) -> dict:
     return result
 
 
-def run_lora(common: dict, hf: dict, args, workload, order: list[str]) -> list[tuple[str, dict]]:
-    """One LoRA engine: each mode warmed up, then timed in `order` (modes may repeat)."""
+def run_lora(common: dict, hf: dict, args, workload, order: list[str], stacked: str = "auto",
+             label: str = "") -> list[tuple[str, dict]]:
+    """One LoRA engine (FOLIO_LORA_STACKED=stacked while it is built): each mode warmed up,
+    then timed in `order` (modes may repeat); results named label + mode."""
     from folio import LLM, LoRARequest
 
     root = tempfile.mkdtemp(prefix="folio-lora-bench-")
@@ -136,7 +138,15 @@ def run_lora(common: dict, hf: dict, args, workload, order: list[str]) -> list[t
     adapters = [LoRARequest(f"adapter{i}", i + 1, write_random_adapter(os.path.join(root, f"a{i}"), hf, args.rank, i))
                 for i in range(args.adapters)]
     print(f"wrote {args.adapters} adapters of rank {args.rank} in {time.perf_counter() - start:.1f} s", flush=True)
-    llm = LLM(**common, enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank)
+    previous = os.environ.get("FOLIO_LORA_STACKED")
+    os.environ["FOLIO_LORA_STACKED"] = stacked
+    try:
+        llm = LLM(**common, enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank)
+    finally:
+        os.environ.pop("FOLIO_LORA_STACKED") if previous is None else os.environ.__setitem__("FOLIO_LORA_STACKED", previous)
+    layers = list(llm.llm_engine.runner.lora.layers.values())
+    print(f"{label or 'lora'} engine: A stacked under the base weight in "
+          f"{sum(w.stacked_weight is not None for w in layers)} of {len(layers)} layers", flush=True)
     per_mode = {
         "lora-none": lambda n: None,
         "lora-1": lambda n: [adapters[0]] * n,
@@ -146,8 +156,8 @@ def run_lora(common: dict, hf: dict, args, workload, order: list[str]) -> list[t
         warm_up(llm, per_mode[mode])
     timed = []
     for mode in order:
-        timed.append((mode, timed_generate(llm, workload, per_mode[mode](len(workload.requests)))))
-        print(mode, timed[-1][1], flush=True)
+        timed.append((label + mode, timed_generate(llm, workload, per_mode[mode](len(workload.requests)))))
+        print(label + mode, timed[-1][1], flush=True)
     if args.profile:
         head = workload.head(args.profile)
         for mode in dict.fromkeys(order):
@@ -177,6 +187,9 @@ def main() -> int:
     parser.add_argument("--abba", action="store_true",
                         help="each LoRA mode timed twice, in order then reversed, and base before and after: "
                              "a drift over the run (clocks, heat) then weighs on every mode alike")
+    parser.add_argument("--unstacked", action="store_true",
+                        help="then a second LoRA engine with FOLIO_LORA_STACKED=0 (the shrink kernel), lora-1 and "
+                             "lora-N once each: the same-run A/B of the stacked layout")
     args = parser.parse_args()
 
     model = os.path.join(CONFIGS, args.config)
@@ -197,15 +210,18 @@ def main() -> int:
         order = lora_modes + lora_modes[::-1] if args.abba else lora_modes
         for mode, result in run_lora(common, hf, args, workload, order):
             runs.setdefault(mode, []).append(result)
+    if args.unstacked:
+        for mode, result in run_lora(common, hf, args, workload, ["lora-1", "lora-N"], stacked="0", label="unstacked-"):
+            runs.setdefault(mode, []).append(result)
     if "base" in modes and args.abba:
         runs["base"].append(run_base(common, workload))
     results = {mode: combine(mode_runs) for mode, mode_runs in runs.items()}
     if "base" in results:
         for mode, r in results.items():
             r["fraction_of_base"] = r["output_tok_s"] / results["base"]["output_tok_s"]
-    print(f"\n{'mode':<10} {'output tok/s':>13} {'of base':>8}")
+    print(f"\n{'mode':<16} {'output tok/s':>13} {'of base':>8}")
     for mode, r in results.items():
-        print(f"{mode.replace('-N', f'-{args.adapters}'):<10} {r['output_tok_s']:>13,.0f} {r.get('fraction_of_base', 0):>8.1%}")
+        print(f"{mode.replace('-N', f'-{args.adapters}'):<16} {r['output_tok_s']:>13,.0f} {r.get('fraction_of_base', 0):>8.1%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": args.config, "adapters": args.adapters, "rank": args.rank,

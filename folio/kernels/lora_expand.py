@@ -10,9 +10,18 @@ The shrink result is rounded to B's dtype before the dot, as PEFT's lora_B(lora_
 between its two matmuls; the dot accumulates in float32 and y is rounded once after the add.
 Grid: (the shrink's blocks, shards * n-blocks of the widest shard); each (token, col) pair
 belongs to one program, so the read-modify-write of y needs no atomics.
+
+Stacked layout (`lora_expand_stacked_triton`): when every slot's A sits under the base weight
+as extra output rows (lora/layers.py), one GEMM gives [tokens, N + slots * shards * R]: the base
+output, then each token's shrink under every slot, already rounded to the activation dtype (as
+PEFT's lora_A(x) is). The same kernel then reads token t's shrink at column N + slot * shards
+* R + shard * R and writes a separate, contiguous [tokens, N] output; tokens without an adapter
+form one more group (slot == NUM_SLOTS) whose rows are copied. No shrink kernel runs.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -43,21 +52,26 @@ def slot_delta(s_ptr, s_stride, s_col, b_ptr, slot, b_stride_slot, b_stride_n, t
 
 @triton.jit
 def _lora_expand_kernel(
+    out_ptr,  # [tokens, N] (row stride out_stride): y itself (in place) or a new output
     y_ptr,  # [tokens, N] (row stride y_stride)
-    s_ptr,  # [tokens, shards * R] float32
+    s_ptr,  # the shrink: [split,] tokens rows (see ShrinkSource)
     b_ptr,  # [slots, N, R]
     offsets_ptr,  # [shards + 1] int32: output columns of each shard
     sorted_ptr,  # [tokens] int32
-    block_slots_ptr,  # [blocks] int32 (see lora_shrink.plan_blocks)
+    block_slots_ptr,  # [blocks] int32 (see lora_shrink.plan_blocks): a slot, NUM_SLOTS (copy) or -1
     block_starts_ptr,  # [blocks] int32
     block_ends_ptr,  # [blocks] int32
     R,
+    out_stride,
     y_stride,
     s_stride,
+    s_col0,  # the shrink's first column
+    s_slot_stride,  # columns between slots' shrinks (0: one shrink per token, its own slot's)
     b_stride_slot,
     b_stride_n,
     s_split_stride,
     SPLIT: tl.constexpr,  # split-K partials of the shrink, summed as they load
+    NUM_SLOTS: tl.constexpr,
     NUM_N_BLOCKS: tl.constexpr,  # n-blocks of the widest shard
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -77,12 +91,37 @@ def _lora_expand_kernel(
     tokens, mask_m = block_tokens(sorted_ptr, block_starts_ptr, block_ends_ptr, pid_b, BLOCK_M)
     cols = col_start + tl.arange(0, BLOCK_N)
     mask_n = cols < col_end
-    delta = slot_delta(s_ptr, s_stride, shard * R, b_ptr, slot, b_stride_slot, b_stride_n,
-                       tokens, mask_m, cols, mask_n, R, s_split_stride, SPLIT, BLOCK_R, PRECISION)  # [BLOCK_M, BLOCK_N] f32
-    y_ptrs = y_ptr + tokens[:, None] * y_stride + cols[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
-    y = tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptrs, (y + delta).to(y_ptr.dtype.element_ty), mask=mask)
+    y = tl.load(y_ptr + tokens[:, None] * y_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if slot < NUM_SLOTS:
+        s_col = s_col0 + slot * s_slot_stride + shard * R
+        y += slot_delta(s_ptr, s_stride, s_col, b_ptr, slot, b_stride_slot, b_stride_n,
+                        tokens, mask_m, cols, mask_n, R, s_split_stride, SPLIT, BLOCK_R, PRECISION)  # [BLOCK_M, BLOCK_N]
+    tl.store(out_ptr + tokens[:, None] * out_stride + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+class ShrinkSource(NamedTuple):
+    """Where the consumers of a shrink read token t's value for rank column c under slot s:
+    tensor[(p,) t, col0 + s * slot_stride + c], summing split-K partials p in order."""
+
+    tensor: torch.Tensor  # [tokens, W] / [split, tokens, W] float32, or the stacked GEMM's output
+    col0: int
+    slot_stride: int
+
+    @staticmethod
+    def of(shrunk: torch.Tensor) -> ShrinkSource:
+        """A shrink kernel's result: one row per token, its own slot's value."""
+        return ShrinkSource(shrunk, 0, 0)
+
+    @staticmethod
+    def stacked(y_ext: torch.Tensor, n: int, width: int) -> ShrinkSource:
+        """The stacked GEMM's output [tokens, n + slots * width]: slot s's shrink at n + s * width."""
+        return ShrinkSource(y_ext, n, width)
+
+    def kernel_args(self) -> tuple[int, int, int, int, int]:
+        """(row stride, col0, slot stride, split stride, splits) as the kernels take them."""
+        split_stride, split = split_layout(self.tensor)
+        return self.tensor.stride(-2), self.col0, self.slot_stride, split_stride, split
 
 
 def lora_expand_triton(
@@ -95,33 +134,51 @@ def lora_expand_triton(
     shard_sizes: list[int],  # the same shards, on the host (tile sizes depend on them)
 ) -> torch.Tensor:
     """Triton launcher: adds each token's adapter delta into y; returns y."""
-    _check(y, shrunk, lora_b, shard_offsets, shard_sizes)
+    _check(y, lora_b, shard_offsets, shard_sizes)
+    check_shrunk(shrunk, y.shape[0], len(shard_sizes) * lora_b.shape[2])
     check_mapping(y.shape[0], lora_b.shape[0], sorted_tokens, blocks)
     check_same_device(_lora_expand_kernel, y=y, shrunk=shrunk, lora_b=lora_b, shard_offsets=shard_offsets)
+    _launch(y, y, ShrinkSource.of(shrunk), lora_b, shard_offsets, sorted_tokens, blocks, shard_sizes, lora_b.shape[0])
+    return y
+
+
+def lora_expand_stacked_triton(
+    y_ext: torch.Tensor,  # [tokens, N + slots * shards * R]: the stacked GEMM's output
+    lora_b: torch.Tensor,  # [slots, N, R]
+    shard_offsets: torch.Tensor,  # [shards + 1] int32: 0, ..., N
+    sorted_tokens: torch.Tensor,  # [tokens] int32: every token, adapter groups first
+    act_blocks: LoRABlocks,  # plan_blocks over the slot groups plus the no-adapter group
+    shard_sizes: list[int],
+) -> torch.Tensor:  # [tokens, N] contiguous: the base output plus each token's delta
+    """Triton launcher of the stacked layout (see the module docstring)."""
+    slots, n, r = lora_b.shape
+    width = len(shard_sizes) * r
+    _check(y_ext[:, :n], lora_b, shard_offsets, shard_sizes)
+    if y_ext.shape[1] != n + slots * width:
+        raise ValueError(f"y_ext must be [tokens, {n} + {slots} * {width}], got {tuple(y_ext.shape)}.")
+    check_mapping(y_ext.shape[0], slots + 1, sorted_tokens, act_blocks)  # + the no-adapter group
+    check_same_device(_lora_expand_kernel, y_ext=y_ext, lora_b=lora_b, shard_offsets=shard_offsets)
+    out = torch.empty((y_ext.shape[0], n), dtype=y_ext.dtype, device=y_ext.device)
+    _launch(out, y_ext, ShrinkSource.stacked(y_ext, n, width), lora_b, shard_offsets, sorted_tokens, act_blocks,
+            shard_sizes, slots + 1)
+    return out
+
+
+def _launch(out, y, source: ShrinkSource, lora_b, shard_offsets, sorted_tokens, blocks, shard_sizes, groups) -> None:
     tokens = y.shape[0]
     slots, _, r = lora_b.shape
     if tokens == 0:
-        return y
+        return
     block_n = 64 if tokens <= 1024 else 128
     n_blocks = triton.cdiv(max(shard_sizes), block_n)
-    split_stride, split = split_layout(shrunk)
-    grid = (num_blocks(tokens, slots), len(shard_sizes) * n_blocks)
+    s_stride, s_col0, s_slot_stride, split_stride, split = source.kernel_args()
+    grid = (num_blocks(tokens, groups), len(shard_sizes) * n_blocks)
     _lora_expand_kernel[grid](
-        y,
-        shrunk,
-        lora_b,
-        shard_offsets,
-        sorted_tokens,
-        blocks.slots,
-        blocks.starts,
-        blocks.ends,
-        r,
-        y.stride(0),
-        shrunk.stride(-2),
-        lora_b.stride(0),
-        lora_b.stride(1),
+        out, y, source.tensor, lora_b, shard_offsets, sorted_tokens, blocks.slots, blocks.starts, blocks.ends,
+        r, out.stride(0), y.stride(0), s_stride, s_col0, s_slot_stride, lora_b.stride(0), lora_b.stride(1),
         split_stride,
         SPLIT=split,
+        NUM_SLOTS=slots,
         NUM_N_BLOCKS=n_blocks,
         BLOCK_M=block_m(tokens),
         BLOCK_N=block_n,
@@ -129,7 +186,6 @@ def lora_expand_triton(
         PRECISION="ieee" if lora_b.dtype == torch.float32 else "tf32",
         num_warps=4,
     )
-    return y
 
 
 def lora_expand_reference(
@@ -155,7 +211,27 @@ def lora_expand_reference(
     return y
 
 
-def _check(y, shrunk, lora_b, shard_offsets, shard_sizes) -> None:
+def lora_expand_stacked_reference(
+    y_ext: torch.Tensor,  # [tokens, N + slots * shards * R]: the stacked GEMM's output
+    lora_b: torch.Tensor,  # [slots, N, R]
+    token_slots: torch.Tensor,  # [tokens] int, -1 = no adapter
+    shard_sizes: list[int],
+) -> torch.Tensor:  # [tokens, N] contiguous
+    """Plain torch: each token's own slot's shrink gathered from the stacked columns (on the
+    device, no host reads), then the expand reference on a copy of the base columns."""
+    slots, n, _ = lora_b.shape
+    stacked = stacked_shrink(y_ext, n, slots)  # [tokens, slots, width]
+    rows = torch.arange(y_ext.shape[0], device=y_ext.device)
+    shrunk = stacked[rows, token_slots.clamp(min=0).long()].float()  # [tokens, width]
+    return lora_expand_reference(y_ext[:, :n].clone(), shrunk, lora_b, token_slots, shard_sizes)
+
+
+def stacked_shrink(y_ext: torch.Tensor, n: int, slots: int) -> torch.Tensor:
+    """[tokens, slots, width] view of the stacked GEMM output's shrink columns."""
+    return y_ext[:, n:].unflatten(1, (slots, -1))
+
+
+def _check(y, lora_b, shard_offsets, shard_sizes) -> None:
     check_dtype("y", y, _FLOATS)
     check_dtype("lora_b", lora_b, _FLOATS)
     if y.dim() != 2 or y.stride(1) != 1:
@@ -167,8 +243,6 @@ def _check(y, shrunk, lora_b, shard_offsets, shard_sizes) -> None:
         raise ValueError(f"lora_b must be a contiguous [slots, {n}, R], got {tuple(lora_b.shape)}.")
     if lora_b.shape[2] > 128:
         raise ValueError(f"rank up to 128 is supported, got {lora_b.shape[2]}.")
-    r = lora_b.shape[2]
-    check_shrunk(shrunk, y.shape[0], len(shard_sizes) * r)
     if shard_offsets.dtype != torch.int32 or tuple(shard_offsets.shape) != (len(shard_sizes) + 1,):
         raise ValueError(f"shard_offsets must be int32 [{len(shard_sizes) + 1}], got {shard_offsets.dtype} {tuple(shard_offsets.shape)}.")
 

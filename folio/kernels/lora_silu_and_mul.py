@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from folio.kernels.activation import silu_and_mul_reference
-from folio.kernels.lora_expand import check_shrunk, lora_expand_reference, slot_delta, split_layout
+from folio.kernels.lora_expand import ShrinkSource, check_shrunk, lora_expand_reference, slot_delta
 from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, check_mapping, num_blocks
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
@@ -27,7 +27,7 @@ from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, 
 def _lora_silu_and_mul_kernel(
     out_ptr,  # [tokens, INTER]
     y_ptr,  # [tokens, 2 * INTER]: the base gate/up output, gate then up
-    s_ptr,  # [tokens, 2 * R] float32: the shrink (gate's rank block, then up's)
+    s_ptr,  # the shrink, gate's rank block then up's (lora_expand.ShrinkSource)
     b_ptr,  # [slots, 2 * INTER, R]
     sorted_ptr,  # [tokens] int32: tokens grouped by slot, no-adapter tokens last
     block_slots_ptr,  # [blocks] int32: a slot, NUM_SLOTS (no adapter) or -1 (unused)
@@ -36,6 +36,8 @@ def _lora_silu_and_mul_kernel(
     R,
     y_stride,
     s_stride,
+    s_col0,
+    s_slot_stride,
     b_stride_slot,
     b_stride_n,
     s_split_stride,
@@ -61,9 +63,10 @@ def _lora_silu_and_mul_kernel(
     gate = tl.load(rows, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_N]
     up = tl.load(rows + INTER, mask=mask, other=0.0).to(tl.float32)
     if slot < NUM_SLOTS:  # the gate shard's rank block, then the up shard's (B rows INTER on)
-        d_gate = slot_delta(s_ptr, s_stride, 0, b_ptr, slot, b_stride_slot, b_stride_n,
+        s_col = s_col0 + slot * s_slot_stride
+        d_gate = slot_delta(s_ptr, s_stride, s_col, b_ptr, slot, b_stride_slot, b_stride_n,
                             tokens, mask_m, cols, mask_n, R, s_split_stride, SPLIT, BLOCK_R, PRECISION)
-        d_up = slot_delta(s_ptr, s_stride, R, b_ptr, slot, b_stride_slot, b_stride_n,
+        d_up = slot_delta(s_ptr, s_stride, s_col + R, b_ptr, slot, b_stride_slot, b_stride_n,
                           tokens, mask_m, cols + INTER, mask_n, R, s_split_stride, SPLIT, BLOCK_R, PRECISION)
         gate = (gate + d_gate).to(dtype).to(tl.float32)
         up = (up + d_up).to(dtype).to(tl.float32)
@@ -72,16 +75,18 @@ def _lora_silu_and_mul_kernel(
 
 
 def lora_silu_and_mul_triton(
-    y: torch.Tensor,  # [tokens, 2 * inter] base gate/up output
-    shrunk: torch.Tensor,  # [tokens, 2 * R] float32, or its [split, tokens, 2 * R] partials
+    y: torch.Tensor,  # [tokens, 2 * inter] base gate/up output (rows may be strided)
+    shrunk: torch.Tensor | ShrinkSource,  # [tokens, 2 * R] float32, its [split, ...] partials, or a source
     lora_b: torch.Tensor,  # [slots, 2 * inter, R]
     sorted_tokens: torch.Tensor,  # [tokens] int32: every token, adapter groups first
     act_blocks: LoRABlocks,  # plan_blocks over the slot groups plus the no-adapter group
 ) -> torch.Tensor:  # [tokens, inter]
-    """Triton launcher (see the module docstring)."""
-    _check(y, shrunk, lora_b)
+    """Triton launcher (see the module docstring). With the stacked layout (lora/layers.py)
+    y is the GEMM output's first 2 * inter columns and shrunk ShrinkSource.stacked of it."""
+    source = shrunk if isinstance(shrunk, ShrinkSource) else ShrinkSource.of(shrunk)
+    _check(y, source, lora_b)
     check_mapping(y.shape[0], lora_b.shape[0] + 1, sorted_tokens, act_blocks)  # + the no-adapter group
-    check_same_device(_lora_silu_and_mul_kernel, y=y, shrunk=shrunk, lora_b=lora_b, sorted_tokens=sorted_tokens)
+    check_same_device(_lora_silu_and_mul_kernel, y=y, shrunk=source.tensor, lora_b=lora_b, sorted_tokens=sorted_tokens)
     tokens, inter = y.shape[0], y.shape[1] // 2
     slots, _, r = lora_b.shape
     out = torch.empty((tokens, inter), dtype=y.dtype, device=y.device)
@@ -89,10 +94,10 @@ def lora_silu_and_mul_triton(
         return out
     block_n = 64 if tokens <= 1024 else 128
     grid = (num_blocks(tokens, slots + 1), triton.cdiv(inter, block_n))
-    split_stride, split = split_layout(shrunk)
+    s_stride, s_col0, s_slot_stride, split_stride, split = source.kernel_args()
     _lora_silu_and_mul_kernel[grid](
-        out, y, shrunk, lora_b, sorted_tokens, act_blocks.slots, act_blocks.starts, act_blocks.ends,
-        r, y.stride(0), shrunk.stride(-2), lora_b.stride(0), lora_b.stride(1),
+        out, y, source.tensor, lora_b, sorted_tokens, act_blocks.slots, act_blocks.starts, act_blocks.ends,
+        r, y.stride(0), s_stride, s_col0, s_slot_stride, lora_b.stride(0), lora_b.stride(1),
         split_stride, SPLIT=split, INTER=inter, NUM_SLOTS=slots, BLOCK_M=block_m(tokens), BLOCK_N=block_n,
         BLOCK_R=max(16, next_power_of_2(r)), PRECISION="ieee" if lora_b.dtype == torch.float32 else "tf32",
         num_warps=4,
@@ -112,9 +117,15 @@ def lora_silu_and_mul_reference(
     return silu_and_mul_reference(with_delta)
 
 
-def _check(y: torch.Tensor, shrunk: torch.Tensor, lora_b: torch.Tensor) -> None:
+def _check(y: torch.Tensor, source: ShrinkSource, lora_b: torch.Tensor) -> None:
     if y.dim() != 2 or y.shape[1] % 2 or y.stride(1) != 1:
         raise ValueError(f"y must be [tokens, 2 * inter] with contiguous rows, got {tuple(y.shape)}.")
     if lora_b.dim() != 3 or lora_b.shape[1] != y.shape[1] or not lora_b.is_contiguous():
         raise ValueError(f"lora_b must be a contiguous [slots, {y.shape[1]}, R], got {tuple(lora_b.shape)}.")
-    check_shrunk(shrunk, y.shape[0], 2 * lora_b.shape[2])
+    width = 2 * lora_b.shape[2]
+    if source.slot_stride == 0:
+        check_shrunk(source.tensor, y.shape[0], width)
+    elif (source.slot_stride != width or source.tensor.shape[0] != y.shape[0]
+          or source.tensor.shape[1] != source.col0 + lora_b.shape[0] * width or source.tensor.stride(1) != 1):
+        raise ValueError(f"a stacked shrink must be [tokens, {source.col0} + {lora_b.shape[0]} * {width}], "
+                         f"got {tuple(source.tensor.shape)} with slot stride {source.slot_stride}.")

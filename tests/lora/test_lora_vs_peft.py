@@ -133,3 +133,29 @@ def test_gate_up_delta_fused_into_the_activation_matches_peft(case, monkeypatch)
     got = _tokens(llm.generate(prompt_dicts, _greedy(), use_tqdm=False, lora_request=requests * len(prompts)))
     assert got == [refs[name][i] for i in range(len(prompts)) for name in names]
     assert calls  # the fused kernel ran
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_stacked_a_under_the_base_weight_matches_peft(case, monkeypatch, kernels):
+    """Every slot's A stacked under the base weight (lora/layers.py; forced here, since these tiny
+    layers are narrower than the automatic rule allows): one GEMM for the base output and the
+    shrinks, then the stacked expand / fused activation, in the torch reference and (kernels)
+    through the Triton interpreter, in a batch mixing the base model and both adapters."""
+    import folio.lora.layers as layers
+
+    monkeypatch.setenv("FOLIO_LORA_STACKED", "1")
+    calls = []
+    if kernels:
+        monkeypatch.setattr(layers, "use_triton_for", lambda x: True)
+        stacked = layers.lora_expand_stacked_triton
+        monkeypatch.setattr(layers, "lora_expand_stacked_triton", lambda *a: (calls.append(1), stacked(*a))[1])
+    base, prompts, refs, adapters = case
+    llm = _llm(base)
+    wrappers = llm.llm_engine.runner.lora.layers.values()
+    assert wrappers and all(w.stacked_weight is not None for w in wrappers)
+    names = ["base", "small", "wide"]
+    requests = [None, adapters["small"], adapters["wide"]]
+    prompt_dicts = [{"prompt_token_ids": p} for p in prompts for _ in names]
+    got = _tokens(llm.generate(prompt_dicts, _greedy(), use_tqdm=False, lora_request=requests * len(prompts)))
+    assert got == [refs[name][i] for i in range(len(prompts)) for name in names]
+    assert bool(calls) == kernels
