@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant kernels-quant-ab quant-decode spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -67,6 +67,12 @@ w1-tokenizer) part w1-tokenizer  # W1 Qwen3-0.6B with a 151,936-token tokenizer 
   done ;;
 kernels-quant) part kernels-quant  # issue 13: W4A16 / FP8 GEMMs at the 8B's shapes, W4A16 small-M config sweep
   mkdir -p "$OUT/kquant"; timeout 400 python3 -m folio.kernels.benchmark --only quant --sweep --out "$OUT/kquant" 2>&1 | tail -120 ;;
+kernels-quant-ab) part kernels-quant-ab  # issue 13: the quantized GEMMs at the 8B's shapes, default configs, exponent-bit unpack vs conversions
+  mkdir -p "$OUT/kquant"; timeout 300 python3 -m folio.kernels.benchmark --only quant --out "$OUT/kquant" 2>&1 | tail -60 ;;
+quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 / FP8, then INT4 unpacking with conversions (same run)
+  timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 2>&1 | grep -vE "INFO|it/s" | tail -8
+  FOLIO_W4A16_MAGIC=0 timeout 150 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
+    --schemes int4-rtn 2>&1 | grep -vE "INFO|it/s" | tail -4 ;;
 kernels-sampling) part kernels-sampling  # fused Gumbel-max draw vs the torch race
   mkdir -p "$OUT/ksample"; timeout 120 python3 -m folio.kernels.benchmark --only sampling --out "$OUT/ksample" 2>&1 | tail -14 ;;
 latency-qwen|latency-llama|vs-vllm-latency-qwen|vs-vllm-latency-llama) part $p
@@ -111,6 +117,7 @@ spec-profile) part spec-profile  # issue 15: cProfile of batch-1 steps (host tim
     --top 40 2>&1 | grep -vE "INFO|it/s" > "$OUT/spec-profile.txt"; grep -E "^#####" "$OUT/spec-profile.txt" ;;
 lora) part lora  # issue 14: base vs 1 adapter vs 8 adapters round-robin on W1, Llama-3.1-8B
   timeout 560 python3 scripts/bench_lora.py --config llama-3.1-8b --adapters 8 --rank 16 --abba --json "$OUT/lora-w1.json" \
+    --modes ${LORA_MODES:-base,lora-none,lora-1,lora-N} ${LORA_UNSTACKED:+--unstacked} \
     ${LORA_PROFILE:+--profile $LORA_PROFILE} 2>&1 | grep --line-buffered -vE "INFO|it/s" > "$OUT/lora.txt"; grep -v "^  " "$OUT/lora.txt" | tail -12 ;;
 dashboard) part dashboard  # issue 18: what the dashboard's polling costs W1 through HTTP
   PORT=18124

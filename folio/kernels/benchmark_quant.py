@@ -36,6 +36,10 @@ SWEEP_GEMV = [
     (64, 64, None, 2, None, 0), (128, 128, None, 4, None, 1), (64, 64, None, 2, None, 1),
     (256, 64, None, 4, None, 1), (128, 128, None, 4, 4, 1),
 ]
+# Session 7: the same kernels unpacking with int-to-float conversions (MAGIC=0), the way they did
+# before: (kind, BLOCK_N, BLOCK_K, num_warps) at pick_config's split; default rows use MAGIC=1.
+SWEEP_NO_MAGIC = [("gemv", 128, 128, 4), ("gemv", 64, 64, 2), ("gemv", 256, 128, 8), ("dot", 64, 128, 4)]
+SWEEP_GEMV_MAGIC = [(256, 128, 8), (256, 64, 4), (512, 64, 8), (64, 128, 2), (512, 128, 8), (128, 64, 2)]
 
 
 def quant_cases(device, dtype, ceilings, tiny: bool, sweep: bool, row: Callable) -> list:
@@ -59,7 +63,8 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
     nbytes = qweight.numel() * 4 + scales.numel() * 4 + 2 * x.numel() * x.element_size() + m * n * x.element_size()
     flops = 2 * m * n * k
     default = pick_config(m, n, k, GROUP, _sms(device))
-    configs = [("default", None)]
+    # The same-run A/B of the exponent-bit unpack (session 7): the default config with conversions.
+    configs = [("default", None), ("default no-magic", {**default, "MAGIC": 0})]
     if sweep:
         for block_n, block_k, split_k, warps, stages in SWEEP_W4A16:
             cfg = dict(pick_config(16, n, k, GROUP, _sms(device)), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
@@ -73,6 +78,18 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
             if stages is not None:
                 cfg["num_stages"] = stages
             configs.append((f"gemv n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}{' reduce' * reduce}", cfg))
+        for kind, block_n, block_k, warps in SWEEP_NO_MAGIC:
+            if kind == "gemv" and m != 1:
+                continue
+            cfg = dict(default if kind == "gemv" else pick_config(16, n, k, GROUP, _sms(device)),
+                       BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, MAGIC=0)
+            if kind == "gemv":
+                cfg["SPLIT_K"] = gemv_split_k(n, k, block_n, block_k, _sms(device))
+            configs.append((f"{kind} n{block_n} k{block_k} w{warps} no-magic", cfg))
+        for block_n, block_k, warps in SWEEP_GEMV_MAGIC if m == 1 else []:
+            cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+                       SPLIT_K=gemv_split_k(n, k, block_n, block_k, _sms(device)))
+            configs.append((f"gemv n{block_n} k{block_k} w{warps} magic", cfg))
     rows = []
     for label, cfg in configs:
         def run(cfg=cfg):

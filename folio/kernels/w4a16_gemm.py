@@ -17,6 +17,8 @@ calls cuBLAS (M >= DEQUANT_MIN_M).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +27,8 @@ from folio.kernels.triton_compat import check_same_device, tl, triton, use_trito
 PACK = 8  # int4 values per int32
 # From this many tokens on, dequantize + cuBLAS beats the fused kernel (to be measured on H100).
 DEQUANT_MIN_M = 256
+# Unpack through exponent bits (_nibbles_to_float); FOLIO_W4A16_MAGIC=0 converts (the A/B switch).
+MAGIC_DEFAULT = int(os.environ.get("FOLIO_W4A16_MAGIC", "1") != "0")
 
 
 @triton.jit
@@ -37,6 +41,17 @@ def _group_scale_zero(s_ptr, z_ptr, group, stride_sg, rn, n_ok, HAS_ZEROS: tl.co
     else:
         z = tl.full((BLOCK_N,), 8.0, tl.float32)
     return s, z
+
+
+@triton.jit
+def _nibbles_to_float(nibbles, MAGIC: tl.constexpr):
+    """int32 values 0..15 -> the same values in float32. MAGIC: OR them into the mantissa of
+    2^23 (0x4B000000) and subtract 2^23, both exact: an integer op and a float add instead of an
+    int-to-float conversion, which runs at a quarter of the FP32 rate on Hopper and made the
+    batch-1 GEMV compute-bound (1.1 TB/s, session 5; docs/perf-notes.md)."""
+    if MAGIC:
+        return (nibbles | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return nibbles.to(tl.float32)
 
 
 @triton.jit
@@ -62,6 +77,7 @@ def _w4a16_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 activations: exact, like the CPU path
+    MAGIC: tl.constexpr,  # unpack by exponent bits, not int-to-float conversions (_nibbles_to_float)
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -90,7 +106,7 @@ def _w4a16_kernel(
             other=0,
         )  # [BLOCK_K / 8, BLOCK_N] int32: each word read once
         nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
-        q = tl.reshape(nibbles, (BLOCK_K, BLOCK_N)).to(tl.float32)  # row 8i + j = nibble j of word i
+        q = _nibbles_to_float(tl.reshape(nibbles, (BLOCK_K, BLOCK_N)), MAGIC)  # row 8i + j = nibble j of word i
         s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
         w = ((q - z[None, :]) * s[None, :]).to(a.dtype)  # [BLOCK_K, BLOCK_N]
         acc += tl.dot(a, w, input_precision=DOT_PRECISION)
@@ -120,6 +136,7 @@ def _w4a16_gemv_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     REDUCE: tl.constexpr,
+    MAGIC: tl.constexpr,
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -145,10 +162,14 @@ def _w4a16_gemv_kernel(
             mask=(k0 + rk8 * 8 < k_end)[:, None] & n_ok[None, :],
             other=0,
         )  # [BLOCK_K / 8, BLOCK_N] int32
-        q = ((packed[:, None, :] >> shifts[None, :, None]) & 0xF).to(tl.float32)  # [BLOCK_K / 8, 8, BLOCK_N]
-        dot = tl.sum(tl.sum(q * a[:, :, None], axis=1), axis=0)  # [BLOCK_N]
+        nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
         s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-        acc += s * (dot - z * tl.sum(tl.sum(a, axis=1), axis=0))
+        if MAGIC:  # 2^23 + q from the exponent bits, minus 2^23 + z: q - z, exact, in one float add
+            w = (nibbles | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + z)[None, None, :]
+            acc += s * tl.sum(tl.sum(w * a[:, :, None], axis=1), axis=0)
+        else:
+            dot = tl.sum(tl.sum(nibbles.to(tl.float32) * a[:, :, None], axis=1), axis=0)  # [BLOCK_N]
+            acc += s * (dot - z * tl.sum(tl.sum(a, axis=1), axis=0))
     tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
     if REDUCE:
         tl.debug_barrier()  # every thread's partial is stored before the counter moves
@@ -260,6 +281,7 @@ def w4a16_gemm_triton(
     cfg = dict(config or pick_config(m, n, k, group_size, sms))
     gemv = bool(cfg.pop("GEMV", 0))
     reduce_in_kernel = bool(cfg.pop("REDUCE", 0))  # GEMV only: the split-K sum in the same launch
+    magic = int(cfg.pop("MAGIC", MAGIC_DEFAULT))  # unpack through exponent bits (_nibbles_to_float); 0: conversions
     if gemv and m != 1:
         raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
     split_k = cfg.pop("SPLIT_K")
@@ -282,7 +304,7 @@ def w4a16_gemm_triton(
             x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
             result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-            SPLIT_K=split_k, REDUCE=reduce, **launch,
+            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, **launch,
         )
         if reduce:
             return result  # [1, N]
@@ -293,7 +315,7 @@ def w4a16_gemm_triton(
             m, n, k, k_per_split,
             x.stride(0), x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0), out.stride(1),
             GROUP=group_size, HAS_ZEROS=zeros is not None,
-            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", **launch, **cfg,
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", MAGIC=magic, **launch, **cfg,
         )
     if split_k == 1:
         return out[0]  # [M, N]
