@@ -144,9 +144,10 @@ def run_lora(common: dict, hf: dict, args, workload, order: list[str], stacked: 
         llm = LLM(**common, enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank)
     finally:
         os.environ.pop("FOLIO_LORA_STACKED") if previous is None else os.environ.__setitem__("FOLIO_LORA_STACKED", previous)
-    layers = list(llm.llm_engine.runner.lora.layers.values())
+    wrappers = llm.llm_engine.runner.lora.layers  # counted, not kept: a reference would keep the model alive
     print(f"{label or 'lora'} engine: A stacked under the base weight in "
-          f"{sum(w.stacked_weight is not None for w in layers)} of {len(layers)} layers", flush=True)
+          f"{sum(w.stacked_weight is not None for w in wrappers.values())} of {len(wrappers)} layers", flush=True)
+    del wrappers
     per_mode = {
         "lora-none": lambda n: None,
         "lora-1": lambda n: [adapters[0]] * n,

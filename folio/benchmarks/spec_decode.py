@@ -8,15 +8,15 @@ Three workloads (each --k value gets its own batch-1 rows), greedy, EOS ignored 
   so the output quotes the prompt): n-gram vs none, --copy-output-len tokens (64), from the
   documents long enough that the whole output is the quote (each row reports `quoted`, the
   fraction of the output that continues a quote of its prompt);
-- batch --batch (64), plain prompts: the cost of speculation at large batch (draft model and
-  n-gram, and the draft with disable_by_batch_size). These engines live side by side (a fixed
-  KV cache each, --batch-blocks) and take turns: --batch-repeats (4) rounds, each one generate
-  per engine, the order rotating every round, so drift of the machine over the run (session 7
-  saw the same configuration's tokens/s move 20% between runs minutes apart) falls on all of
-  them alike; each row reports its total and the median of its per-round ratios.
-Each batch-1 configuration is a fresh engine (max_num_seqs at least 16, so that a batch-1 verify step
-of k + 1 <= 16 tokens has a CUDA graph; at 8, k = 8 paused drafting); the clock covers
-`generate` only, after a warm-up that runs the same prompts for 16 tokens.
+- batch --batch (64), plain prompts, --batch-repeats (4) generate calls: the cost of speculation
+  at large batch (draft model and n-gram, and the draft with disable_by_batch_size).
+Each workload's engines live side by side (a fixed KV cache each, --batch-blocks; max_num_seqs
+at least 16, so that a batch-1 verify step of k + 1 <= 16 tokens has a CUDA graph) and take
+turns, one generate call each (a prompt at batch 1, the whole batch at 64), the order rotated
+each turn: a drift of the machine falls on all of them alike (session 7 saw one configuration's
+tokens/s move 20% between engines run minutes apart). The clock covers `generate` only, after
+a warm-up that runs the same prompts for 16 tokens; each row also reports the median of its
+per-call ratios to no speculation.
 Prints one JSON line per run (tokens/s, speed-up over the same workload without speculation,
 acceptance rate, mean accepted length, acceptance per position) and a markdown table.
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -118,33 +119,23 @@ class Timed:
             torch.cuda.empty_cache()
 
 
-def run_one(target: str, spec: dict | None, groups: list[list[str]], output_len: int, **engine: Any) -> dict:
-    """One engine; each group of prompts is one generate call (a group of one: batch 1)."""
-    timed = Timed(target, spec, output_len, groups, **engine)
-    for prompts in groups:
-        timed.generate(prompts)
-    result = timed.result()
-    timed.close()
-    return result
-
-
-def run_rounds(target: str, specs: list[dict | None], prompts: list[str], output_len: int, rounds: int,
+def run_rounds(target: str, specs: list[dict | None], groups: list[list[str]], output_len: int,
                **engine: Any) -> list[dict]:
-    """Every configuration's engine at once, taking turns: `rounds` rounds of one generate each,
-    the order rotated each round. Each result adds `round_ratios`: its seconds over the first
-    configuration's in the same round, and their median, `median_ratio` (the first's tokens/s
-    over its own per round)."""
-    engines = [Timed(target, spec, output_len, [prompts], **engine) for spec in specs]
-    for r in range(rounds):
+    """Every configuration's engine at once, taking turns: for each group of prompts (one
+    generate call: a single prompt for batch 1, the whole batch for the big one), each engine
+    generates it, the order rotated from group to group, so a drift of the machine falls on
+    all of them alike. Each result adds `round_ratios`, the first configuration's seconds over
+    its own per group, and their median, `median_ratio`."""
+    engines = [Timed(target, spec, output_len, groups, **engine) for spec in specs]
+    for r, prompts in enumerate(groups):
         for i in range(len(engines)):
             engines[(i + r) % len(engines)].generate(prompts)
     results = [e.result() for e in engines]
     base = engines[0].seconds
     for e, result in zip(engines, results):
-        ratios = sorted(b / s for b, s in zip(base, e.seconds))
-        result["round_ratios"] = [round(b / s, 3) for b, s in zip(base, e.seconds)]
-        result["median_ratio"] = round(ratios[len(ratios) // 2] if len(ratios) % 2 else
-                                       (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2, 3)
+        ratios = [b / s for b, s in zip(base, e.seconds)]
+        result["round_ratios"] = [round(x, 3) for x in ratios]
+        result["median_ratio"] = round(statistics.median(ratios), 3)
     for e in engines:
         e.close()
     return results
@@ -160,7 +151,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=8, help="batch-1 requests, run one after another")
     parser.add_argument("--batch-repeats", type=int, default=4, help="rounds of the --batch engines (one generate each)")
-    parser.add_argument("--batch-blocks", type=int, default=4096, help="KV blocks of each --batch engine (they share the device)")
+    parser.add_argument("--batch-blocks", type=int, default=4096, help="KV blocks of each engine (they share the device)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     engine = dict(device=args.device, max_model_len=1024, gpu_memory_utilization=0.5)
@@ -173,14 +164,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     copying = copy_prompts(args.prompts, lambda text: len(tokenizer(text).input_ids), args.copy_output_len)
     big = f"batch {args.batch}, plain"
-    runs = [
-        ("batch 1, plain", None, plain_prompts(args.prompts), 1),
-        *[("batch 1, plain", d, plain_prompts(args.prompts), 1) for d in drafts],
-        ("batch 1, copy-heavy", None, copying, 1),
-        *[("batch 1, copy-heavy", n, copying, 1) for n in ngrams],
-    ]
     big_specs = [None, drafts[0], ngrams[0], {**drafts[0], "disable_by_batch_size": 32}]
-    big_engine = {**engine, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": args.batch_blocks}
     baseline: dict[str, tuple[float, list]] = {}  # workload -> (tokens/s, outputs) without speculation
     rows = []
 
@@ -195,13 +179,15 @@ def main() -> None:
         print(json.dumps({"workload": workload, "speculation": method, **result}), flush=True)
         rows.append((workload, method, result))
 
-    for workload, spec, prompts, _ in runs:
-        output_len = args.copy_output_len if "copy-heavy" in workload else args.output_len
-        report(workload, spec, run_one(args.target, spec, [[p] for p in prompts], output_len, max_num_seqs=16, **engine))
-    big_results = run_rounds(args.target, big_specs, plain_prompts(args.batch), args.output_len, args.batch_repeats,
-                             max_num_seqs=args.batch, **big_engine)
-    for spec, result in zip(big_specs, big_results):
-        report(big, spec, result)
+    # Each workload's engines side by side (a fixed KV cache each), taking turns prompt by prompt.
+    side_by_side = {**engine, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": args.batch_blocks}
+    for workload, specs, groups, output_len, seqs in (
+        ("batch 1, plain", [None, *drafts], [[p] for p in plain_prompts(args.prompts)], args.output_len, 16),
+        ("batch 1, copy-heavy", [None, *ngrams], [[p] for p in copying], args.copy_output_len, 16),
+        (big, big_specs, [plain_prompts(args.batch)] * args.batch_repeats, args.output_len, args.batch),
+    ):
+        for spec, result in zip(specs, run_rounds(args.target, specs, groups, output_len, max_num_seqs=seqs, **side_by_side)):
+            report(workload, spec, result)
     print("\n| workload | speculation | tok/s | speed-up (median per round) | acceptance | mean accepted length | quoted | same outputs |")
     print("|---|---|---|---|---|---|---|---|")
     for workload, method, r in rows:

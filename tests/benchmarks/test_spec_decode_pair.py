@@ -43,17 +43,17 @@ def test_quoted_documents_follow_the_plain_ones_and_prompts_match_them():
 
 def test_batch_engines_take_turns_and_report_per_round_ratios(tmp_path):
     """run_rounds keeps every configuration's engine alive (a fixed KV cache each) and times
-    one generate per engine per round, rotating the order: each result has one ratio per
-    round against the first configuration, their median, and the first's ratios are all 1."""
+    one generate per engine per group of prompts, rotating the order: each result has one ratio
+    per group against the first configuration, their median, and the first's ratios are all 1."""
     from folio.benchmarks.spec_decode import plain_prompts, run_rounds
 
     draft, target = build_pair(str(tmp_path), "cpu", steps=2, target_hidden=64, target_layers=2, batch_size=2, draft_layers=1)
     specs = [None, {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1},
              {"model": draft, "num_speculative_tokens": 2}]
-    results = run_rounds(target, specs, plain_prompts(3), 6, rounds=3, device="cpu", max_model_len=128,
+    results = run_rounds(target, specs, [plain_prompts(3)] * 2 + [plain_prompts(1)], 6, device="cpu", max_model_len=128,
                          max_num_seqs=4, num_gpu_blocks_override=64)
     assert [len(r["round_ratios"]) for r in results] == [3, 3, 3]
     assert results[0]["round_ratios"] == [1.0] * 3 and results[0]["median_ratio"] == 1.0
-    assert all(r["tokens"] == 3 * 3 * 6 for r in results)
+    assert all(r["tokens"] == (3 + 3 + 1) * 6 for r in results)
     assert results[1]["outputs"] == results[0]["outputs"] == results[2]["outputs"]  # greedy: speculation is exact
     assert results[2]["acceptance_rate"] is not None
