@@ -69,9 +69,9 @@ kernels-quant) part kernels-quant  # issue 13: W4A16 / FP8 GEMMs at the 8B's sha
   mkdir -p "$OUT/kquant"; timeout 400 python3 -m folio.kernels.benchmark --only quant --sweep --out "$OUT/kquant" 2>&1 | tail -120 ;;
 kernels-quant-ab) part kernels-quant-ab  # issue 13: the quantized GEMMs at the 8B's shapes, default configs, exponent-bit unpack vs conversions
   mkdir -p "$OUT/kquant"; timeout 300 python3 -m folio.kernels.benchmark --only quant --out "$OUT/kquant" 2>&1 | tail -60 ;;
-quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 / FP8, then INT4 unpacking with conversions (same run)
+quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 / FP8, then INT4 with the GEMV's 3-D tiles (same run)
   timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 2>&1 | grep -vE "INFO|it/s" | tail -8
-  FOLIO_W4A16_MAGIC=0 timeout 150 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
+  FOLIO_W4A16_FLAT=0 timeout 150 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
     --schemes int4-rtn 2>&1 | grep -vE "INFO|it/s" | tail -4 ;;
 kernels-sampling) part kernels-sampling  # fused Gumbel-max draw vs the torch race
   mkdir -p "$OUT/ksample"; timeout 120 python3 -m folio.kernels.benchmark --only sampling --out "$OUT/ksample" 2>&1 | tail -14 ;;

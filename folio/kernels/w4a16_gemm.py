@@ -29,6 +29,8 @@ PACK = 8  # int4 values per int32
 DEQUANT_MIN_M = 256
 # Unpack through exponent bits (_nibbles_to_float); FOLIO_W4A16_MAGIC=0 converts (the A/B switch).
 MAGIC_DEFAULT = int(os.environ.get("FOLIO_W4A16_MAGIC", "1") != "0")
+# The GEMV's K loop on [K/8, N] tiles with one sum at the end (_gemv_flat_step); FOLIO_W4A16_FLAT=0: 3-D tiles.
+FLAT_DEFAULT = int(os.environ.get("FOLIO_W4A16_FLAT", "1") != "0")
 
 
 @triton.jit
@@ -115,6 +117,63 @@ def _w4a16_kernel(
 
 
 @triton.jit
+def _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
+                    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_K / 8, BLOCK_N] float32: word row i's sum over its 8 nibbles of a_k (q_kn - z_n) s_n
+    for K rows k0 .. k0 + BLOCK_K (one quantization group), in the words' own layout.
+
+    Three instructions per weight: a shift puts nibble j at mantissa bits 19..22, one LOP3 masks
+    it and ORs in the exponent of 1.0 (0x3F800000), so the bits read as f = 1 + q/16 exactly, and
+    an FMA adds a_k f. Per word row, sum_j a_j (q_j - z) = 16 sum_j a_j f_j - (16 + z) sum_j a_j:
+    the zero point and the 1.0 come out once per row and column, not per weight."""
+    rk8 = tl.arange(0, BLOCK_K // 8)
+    rows_ok = k0 + rk8 * 8 < k_end
+    packed = tl.load(qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
+                     mask=rows_ok[:, None] & n_ok[None, :], other=0)  # [BLOCK_K / 8, BLOCK_N] int32
+    bits = packed.to(tl.uint32, bitcast=True)  # logical shifts
+    s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
+    part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # sum_j a_j f_j
+    a_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)  # sum_j a_j
+    for j in tl.static_range(8):  # nibble j of word i is input row k0 + 8i + j
+        k = k0 + rk8 * 8 + j
+        a = tl.load(a_ptr + k * stride_ak, mask=k < k_end, other=0.0).to(tl.float32)  # [BLOCK_K / 8]
+        if 4 * j <= 19:
+            moved = bits << (19 - 4 * j)
+        else:
+            moved = bits >> (4 * j - 19)
+        f = ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + q / 16
+        part += f * a[:, None]
+        a_sum += a
+    return (16.0 * part - (16.0 + z)[None, :] * a_sum[:, None]) * s[None, :]
+
+
+@triton.jit
+def _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
+                    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    MAGIC: tl.constexpr):
+    """[BLOCK_N] float32: the step's sum over K rows k0 .. k0 + BLOCK_K on a [K/8, 8, N] tile."""
+    rk8 = tl.arange(0, BLOCK_K // 8)
+    nib = tl.arange(0, 8)
+    shifts = nib * 4  # nibble j of word i is input row 8i + j
+    ks = k0 + rk8[:, None] * 8 + nib[None, :]  # [BLOCK_K / 8, 8]
+    a = tl.load(a_ptr + ks * stride_ak, mask=ks < k_end, other=0.0).to(tl.float32)  # [BLOCK_K / 8, 8]
+    packed = tl.load(
+        qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
+        mask=(k0 + rk8 * 8 < k_end)[:, None] & n_ok[None, :],
+        other=0,
+    )  # [BLOCK_K / 8, BLOCK_N] int32
+    nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
+    s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
+    if MAGIC:  # 2^23 + q from the exponent bits, minus 2^23 + z: q - z, exact, in one float add
+        w = (nibbles | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + z)[None, None, :]
+        step = s * tl.sum(tl.sum(w * a[:, :, None], axis=1), axis=0)
+    else:
+        dot = tl.sum(tl.sum(nibbles.to(tl.float32) * a[:, :, None], axis=1), axis=0)  # [BLOCK_N]
+        step = s * (dot - z * tl.sum(tl.sum(a, axis=1), axis=0))
+    return step
+
+
+@triton.jit
 def _w4a16_gemv_kernel(
     a_ptr,  # [1, K] fp16/bf16/fp32
     qw_ptr,  # [K / 8, N] int32
@@ -137,10 +196,16 @@ def _w4a16_gemv_kernel(
     SPLIT_K: tl.constexpr,
     REDUCE: tl.constexpr,
     MAGIC: tl.constexpr,
+    FLAT: tl.constexpr,
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
     out of the sum (sum_k a_k (q_kn - z_n) s_n = s_n (sum_k a_k q_kn - z_n sum_k a_k)).
+    FLAT: no [K/8, 8, N] tensor and no reduction inside the K loop: nibble j of every word is
+    one [K/8, N] step (static_range), multiplied by its own activation rows and accumulated
+    element-wise, each element in one thread; the one sum over K/8 comes after the loop. (The
+    3-D tile's per-step sums over rows that live in other threads, and its broadcast of the
+    words along the nibble axis, are the suspects for the GEMV's 1.1 TB/s: session 7.)
     REDUCE: the last of a column tile's SPLIT_K programs to finish (a counter per tile, taken
     with acq_rel after a barrier) adds the tile's partials in split order and writes the output,
     then zeroes the counter: one launch per GEMM instead of two."""
@@ -148,28 +213,19 @@ def _w4a16_gemv_kernel(
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
-    rk8 = tl.arange(0, BLOCK_K // 8)
-    nib = tl.arange(0, 8)
-    shifts = nib * 4  # nibble j of word i is input row 8i + j
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # FLAT: summed over rows at the end
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     for k0 in range(k_start, k_end, BLOCK_K):
-        ks = k0 + rk8[:, None] * 8 + nib[None, :]  # [BLOCK_K / 8, 8]
-        a = tl.load(a_ptr + ks * stride_ak, mask=ks < k_end, other=0.0).to(tl.float32)  # [BLOCK_K / 8, 8]
-        packed = tl.load(
-            qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
-            mask=(k0 + rk8 * 8 < k_end)[:, None] & n_ok[None, :],
-            other=0,
-        )  # [BLOCK_K / 8, BLOCK_N] int32
-        nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
-        s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-        if MAGIC:  # 2^23 + q from the exponent bits, minus 2^23 + z: q - z, exact, in one float add
-            w = (nibbles | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + z)[None, None, :]
-            acc += s * tl.sum(tl.sum(w * a[:, :, None], axis=1), axis=0)
+        if FLAT:
+            acc_rows += _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
+                                        rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
         else:
-            dot = tl.sum(tl.sum(nibbles.to(tl.float32) * a[:, :, None], axis=1), axis=0)  # [BLOCK_N]
-            acc += s * (dot - z * tl.sum(tl.sum(a, axis=1), axis=0))
+            acc += _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
+                                   rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, MAGIC)
+    if FLAT:
+        acc = tl.sum(acc_rows, axis=0)  # [BLOCK_N]
     tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
     if REDUCE:
         tl.debug_barrier()  # every thread's partial is stored before the counter moves
@@ -282,6 +338,7 @@ def w4a16_gemm_triton(
     gemv = bool(cfg.pop("GEMV", 0))
     reduce_in_kernel = bool(cfg.pop("REDUCE", 0))  # GEMV only: the split-K sum in the same launch
     magic = int(cfg.pop("MAGIC", MAGIC_DEFAULT))  # unpack through exponent bits (_nibbles_to_float); 0: conversions
+    flat = int(cfg.pop("FLAT", FLAT_DEFAULT))  # GEMV only: the K loop without 3-D tiles or per-step sums
     if gemv and m != 1:
         raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
     split_k = cfg.pop("SPLIT_K")
@@ -304,7 +361,7 @@ def w4a16_gemm_triton(
             x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
             result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, **launch,
+            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, FLAT=flat, **launch,
         )
         if reduce:
             return result  # [1, N]

@@ -56,17 +56,17 @@ def test_kernel_matches_dequantize_then_matmul(device, m, k, n, group, asym, spl
      (384, 17, 128, False, 4, 32, 128), (128, 9, 64, True, 1, 64, 64)],
 )
 @pytest.mark.parametrize("reduce", [False, True], ids=["sum-kernel", "reduce-in-kernel"])
-@pytest.mark.parametrize("magic", [1, 0], ids=["exponent-unpack", "int-to-float"])
-def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, split_k, block_n, block_k, reduce, magic):
-    """One token through the GEMV kernel (unpacking through exponent bits, or by conversions with
-    the zero point taken out of the sum), odd N, K not a
+@pytest.mark.parametrize(("magic", "flat"), [(1, 1), (1, 0), (0, 0)], ids=["flat", "exponent-unpack", "int-to-float"])
+def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, split_k, block_n, block_k, reduce, magic, flat):
+    """One token through the GEMV kernel (flat [K/8, N] steps; 3-D tiles unpacking through
+    exponent bits, or by conversions with the zero point taken out of the sum), odd N, K not a
     multiple of the split, with and without zeros; the split-K sum by the second kernel or by
     each tile's last program (run twice: the counters must be back at zero)."""
     gen = torch.Generator().manual_seed(k + n)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     qweight, scales, zeros, _ = _random_int4(k, n, group, asym, gen, device)
     x = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
-    cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, REDUCE=int(reduce), MAGIC=magic)
+    cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, REDUCE=int(reduce), MAGIC=magic, FLAT=flat)
     expected = w4a16_reference(x, qweight, scales, zeros, group)
     for _ in range(2):
         out = w4a16_gemm_triton(x, qweight, scales, zeros, group, config=cfg)
