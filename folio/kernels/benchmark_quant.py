@@ -68,7 +68,7 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
     configs = [("default", None), ("default no-magic", {**default, "MAGIC": 0, "FLAT": 0})]
     if m == 1:
         configs.append(("default 3-D tiles", {**default, "FLAT": 0}))
-        for block_n, warps in ((256, 4), (256, 8), (64, 2), (128, 2), (512, 8)):
+        for block_n, warps in ((256, 4), (256, 8), (64, 2), (128, 2), (512, 8)) if sweep else ():
             cfg = dict(default, BLOCK_N=block_n, num_warps=warps,
                        SPLIT_K=gemv_split_k(n, k, block_n, default["BLOCK_K"], _sms(device)))
             configs.append((f"flat n{block_n} w{warps}", cfg))
