@@ -34,10 +34,14 @@ from folio.kernels.lora_silu_and_mul import lora_silu_and_mul_triton
 from folio.kernels.triton_compat import use_triton_for
 from folio.layers.linear import LinearBase
 from folio.layers.quantization.base import UnquantizedLinearMethod
+from folio.logger import init_logger
 from folio.lora.adapter import LoRAAdapter
 from folio.lora.delta import add_lora_delta
 from folio.lora.mapping import LoRAMapping
 from folio.parallel import all_reduce
+
+logger = init_logger(__name__)
+_WARNED: set[str] = set()  # quantization methods FOLIO_LORA_STACKED=1 could not stack (logged once each)
 
 
 class LoRALinear(nn.Module):
@@ -65,8 +69,8 @@ class LoRALinear(nn.Module):
         if stack_lora_a(base_layer, max_loras * rows, dtype):
             self.stacked_weight = _stack_under(base_layer, max_loras * rows)
             self.lora_a = self.stacked_weight[out:].view(max_loras, rows, in_size)
-            if base_layer.bias is not None:
-                self.stacked_bias = torch.cat((base_layer.bias.detach(), base_layer.bias.new_zeros(max_loras * rows)))
+            if base_layer.bias is not None:  # the same storage: a write to the bias reaches both paths
+                self.stacked_bias = _stack_under(base_layer, max_loras * rows, "bias")
         else:
             self.lora_a = torch.zeros(max_loras, rows, in_size, dtype=dtype, device=device)
         self.lora_b = torch.zeros(max_loras, out, max_lora_rank, dtype=dtype, device=device)
@@ -161,18 +165,23 @@ def stack_lora_a(base: LinearBase, rows: int, dtype: torch.dtype) -> bool:
     if setting not in ("auto", "0", "1"):
         raise ValueError(f"FOLIO_LORA_STACKED must be auto, 0 or 1, got {setting!r}.")
     weight = getattr(base, "weight", None)
-    usable = (isinstance(base.quant_method, UnquantizedLinearMethod) and isinstance(weight, torch.Tensor)
+    # exactly the unquantized method: the stacked path calls F.linear itself, as its apply does
+    usable = (type(base.quant_method) is UnquantizedLinearMethod and isinstance(weight, torch.Tensor)
               and weight.dtype == dtype and weight.dim() == 2 and weight.is_contiguous())
+    if setting == "1" and not usable and base.quant_method.name not in _WARNED:
+        _WARNED.add(base.quant_method.name)
+        logger.warning("FOLIO_LORA_STACKED=1: layers with a %s weight keep the shrink kernel "
+                       "(stacking needs an unquantized weight in the model dtype).", base.quant_method.name)
     if setting != "auto":
         return usable and setting == "1"
     return usable and rows * 8 <= weight.shape[0]
 
 
-def _stack_under(base: LinearBase, rows: int) -> torch.Tensor:
-    """A [out + rows, in] tensor holding the base weight then zeros; the base's weight parameter
-    now views its first rows (the old storage is freed)."""
-    weight = base.weight
-    stacked = torch.zeros(weight.shape[0] + rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    stacked[: weight.shape[0]].copy_(weight.data)
-    weight.data = stacked[: weight.shape[0]]
+def _stack_under(base: LinearBase, rows: int, name: str = "weight") -> torch.Tensor:
+    """A tensor of the base's `name` parameter (weight [out, in] or bias [out]) with `rows` zero
+    rows after it; the parameter now views its first rows (the old storage is freed)."""
+    param = getattr(base, name)
+    stacked = torch.zeros((param.shape[0] + rows, *param.shape[1:]), dtype=param.dtype, device=param.device)
+    stacked[: param.shape[0]].copy_(param.data)
+    param.data = stacked[: param.shape[0]]
     return stacked
