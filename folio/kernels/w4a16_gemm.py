@@ -11,7 +11,7 @@ unpacked with shifts, scaled in float32, rounded to the activation dtype and fed
 with a float32 accumulator. Decode (small M) is bound by reading the weight: split-K gives
 the GPU enough programs to saturate memory bandwidth, each writing a float32 partial that
 _sum_splits_kernel adds up and casts in one pass. One token (M = 1) takes a GEMV kernel
-without tl.dot (which would pad it to 16 rows), with wide tiles. Large M dequantizes once and
+without tl.dot (which would pad it to 16 rows), with wide tiles (folio/kernels/w4a16_gemv.py). Large M dequantizes once and
 calls cuBLAS (M >= DEQUANT_MIN_M).
 """
 
@@ -23,6 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from folio.kernels.triton_compat import check_same_device, tl, triton, use_triton_for
+from folio.kernels.w4a16_gemv import (  # noqa: F401 (gemv_split_k: re-exported for the benchmark)
+    _group_scale_zero,
+    _nibbles_to_float,
+    _split_counters,
+    _w4a16_gemv_kernel,
+    gemv_split_k,
+)
 
 PACK = 8  # int4 values per int32
 # From this many tokens on, dequantize + cuBLAS beats the fused kernel (to be measured on H100).
@@ -31,29 +38,6 @@ DEQUANT_MIN_M = 256
 MAGIC_DEFAULT = int(os.environ.get("FOLIO_W4A16_MAGIC", "1") != "0")
 # The GEMV's K loop on [K/8, N] tiles with one sum at the end (_gemv_flat_step); FOLIO_W4A16_FLAT=0: 3-D tiles.
 FLAT_DEFAULT = int(os.environ.get("FOLIO_W4A16_FLAT", "1") != "0")
-
-
-@triton.jit
-def _group_scale_zero(s_ptr, z_ptr, group, stride_sg, rn, n_ok, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Scale and zero point [BLOCK_N] float32 of one quantization group (BLOCK_K divides GROUP,
-    so each K step reads one group's row); zero 8 when the format has none (symmetric)."""
-    s = tl.load(s_ptr + group * stride_sg + rn, mask=n_ok, other=0.0)
-    if HAS_ZEROS:
-        z = tl.load(z_ptr + group * stride_sg + rn, mask=n_ok, other=0).to(tl.float32)
-    else:
-        z = tl.full((BLOCK_N,), 8.0, tl.float32)
-    return s, z
-
-
-@triton.jit
-def _nibbles_to_float(nibbles, MAGIC: tl.constexpr):
-    """int32 values 0..15 -> the same values in float32. MAGIC: OR them into the mantissa of
-    2^23 (0x4B000000) and subtract 2^23, both exact: an integer op and a float add instead of an
-    int-to-float conversion, which runs at a quarter of the FP32 rate on Hopper and made the
-    batch-1 GEMV compute-bound (1.1 TB/s, session 5; docs/perf-notes.md)."""
-    if MAGIC:
-        return (nibbles | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    return nibbles.to(tl.float32)
 
 
 @triton.jit
@@ -117,127 +101,6 @@ def _w4a16_kernel(
 
 
 @triton.jit
-def _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
-                    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_K / 8, BLOCK_N] float32: word row i's sum over its 8 nibbles of a_k (q_kn - z_n) s_n
-    for K rows k0 .. k0 + BLOCK_K (one quantization group), in the words' own layout.
-
-    Three instructions per weight: a shift puts nibble j at mantissa bits 19..22, one LOP3 masks
-    it and ORs in the exponent of 1.0 (0x3F800000), so the bits read as f = 1 + q/16 exactly, and
-    an FMA adds a_k f. Per word row, sum_j a_j (q_j - z) = 16 sum_j a_j f_j - (16 + z) sum_j a_j:
-    the zero point and the 1.0 come out once per row and column, not per weight."""
-    rk8 = tl.arange(0, BLOCK_K // 8)
-    rows_ok = k0 + rk8 * 8 < k_end
-    packed = tl.load(qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
-                     mask=rows_ok[:, None] & n_ok[None, :], other=0)  # [BLOCK_K / 8, BLOCK_N] int32
-    bits = packed.to(tl.uint32, bitcast=True)  # logical shifts
-    s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-    part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # sum_j a_j f_j
-    a_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)  # sum_j a_j
-    for j in tl.static_range(8):  # nibble j of word i is input row k0 + 8i + j
-        k = k0 + rk8 * 8 + j
-        a = tl.load(a_ptr + k * stride_ak, mask=k < k_end, other=0.0).to(tl.float32)  # [BLOCK_K / 8]
-        if 4 * j <= 19:
-            moved = bits << (19 - 4 * j)
-        else:
-            moved = bits >> (4 * j - 19)
-        f = ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + q / 16
-        part += f * a[:, None]
-        a_sum += a
-    return (16.0 * part - (16.0 + z)[None, :] * a_sum[:, None]) * s[None, :]
-
-
-@triton.jit
-def _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
-                    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    MAGIC: tl.constexpr):
-    """[BLOCK_N] float32: the step's sum over K rows k0 .. k0 + BLOCK_K on a [K/8, 8, N] tile."""
-    rk8 = tl.arange(0, BLOCK_K // 8)
-    nib = tl.arange(0, 8)
-    shifts = nib * 4  # nibble j of word i is input row 8i + j
-    ks = k0 + rk8[:, None] * 8 + nib[None, :]  # [BLOCK_K / 8, 8]
-    a = tl.load(a_ptr + ks * stride_ak, mask=ks < k_end, other=0.0).to(tl.float32)  # [BLOCK_K / 8, 8]
-    packed = tl.load(
-        qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
-        mask=(k0 + rk8 * 8 < k_end)[:, None] & n_ok[None, :],
-        other=0,
-    )  # [BLOCK_K / 8, BLOCK_N] int32
-    nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
-    s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-    if MAGIC:  # 2^23 + q from the exponent bits, minus 2^23 + z: q - z, exact, in one float add
-        w = (nibbles | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + z)[None, None, :]
-        step = s * tl.sum(tl.sum(w * a[:, :, None], axis=1), axis=0)
-    else:
-        dot = tl.sum(tl.sum(nibbles.to(tl.float32) * a[:, :, None], axis=1), axis=0)  # [BLOCK_N]
-        step = s * (dot - z * tl.sum(tl.sum(a, axis=1), axis=0))
-    return step
-
-
-@triton.jit
-def _w4a16_gemv_kernel(
-    a_ptr,  # [1, K] fp16/bf16/fp32
-    qw_ptr,  # [K / 8, N] int32
-    s_ptr,  # [K / G, N] float32
-    z_ptr,  # [K / G, N] uint8 (HAS_ZEROS)
-    c_ptr,  # [SPLIT_K, 1, N]: float32 partials, or the output dtype when SPLIT_K == 1
-    N,
-    K,
-    k_per_split,  # a multiple of BLOCK_K
-    stride_ak,
-    stride_qk,
-    stride_sg,
-    stride_cs,
-    out_ptr,  # [1, N] the output dtype (REDUCE only)
-    counter_ptr,  # [cdiv(N, BLOCK_N)] int32, zero between calls (REDUCE only)
-    GROUP: tl.constexpr,
-    HAS_ZEROS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    REDUCE: tl.constexpr,
-    MAGIC: tl.constexpr,
-    FLAT: tl.constexpr,
-):
-    """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
-    activation row with each unpacked column summed in float32 registers; the zero point comes
-    out of the sum (sum_k a_k (q_kn - z_n) s_n = s_n (sum_k a_k q_kn - z_n sum_k a_k)).
-    FLAT: no [K/8, 8, N] tensor and no reduction inside the K loop: nibble j of every word is
-    one [K/8, N] step (static_range), multiplied by its own activation rows and accumulated
-    element-wise, each element in one thread; the one sum over K/8 comes after the loop. (The
-    3-D tile's per-step sums over rows that live in other threads, and its broadcast of the
-    words along the nibble axis, are the suspects for the GEMV's 1.1 TB/s: session 7.)
-    REDUCE: the last of a column tile's SPLIT_K programs to finish (a counter per tile, taken
-    with acq_rel after a barrier) adds the tile's partials in split order and writes the output,
-    then zeroes the counter: one launch per GEMM instead of two."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = rn < N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # FLAT: summed over rows at the end
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        if FLAT:
-            acc_rows += _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
-                                        rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
-        else:
-            acc += _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
-                                   rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, MAGIC)
-    if FLAT:
-        acc = tl.sum(acc_rows, axis=0)  # [BLOCK_N]
-    tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
-    if REDUCE:
-        tl.debug_barrier()  # every thread's partial is stored before the counter moves
-        if tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for split in range(SPLIT_K):  # split order, whatever order the programs ended in
-                total += tl.load(c_ptr + split * stride_cs + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
-            tl.atomic_xchg(counter_ptr + pid_n, 0)
-
-
-@triton.jit
 def _sum_splits_kernel(
     part_ptr,  # [SPLIT_K, M * N] float32
     out_ptr,  # [M * N] the output dtype
@@ -286,14 +149,6 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
         raise ValueError(f"w4a16: zeros must be uint8 {tuple(scales.shape)}, got {zeros.dtype} {tuple(zeros.shape)}.")
     if not (qweight.is_contiguous() and scales.is_contiguous() and (zeros is None or zeros.is_contiguous())):
         raise ValueError("w4a16: qweight, scales and zeros must be contiguous.")
-
-
-def gemv_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> int:
-    """The GEMV's split of K: doubled until about four programs per SM, keeping >= 2 K steps each."""
-    tiles, split_k = triton.cdiv(n, block_n), 1
-    while tiles * split_k < 4 * num_sms and k // (block_k * split_k * 2) >= 2:
-        split_k *= 2
-    return split_k
 
 
 def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> dict[str, int]:
@@ -380,26 +235,6 @@ def w4a16_gemm_triton(
     block = 1024
     _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, result, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
     return result  # [M, N]
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []
-
-
-def _split_counters(tiles: int, device: torch.device) -> torch.Tensor:
-    """The REDUCE GEMV's per-tile counters: zero between launches (each tile's last program
-    zeroes its own), shared by every GEMM on the device (REDUCE GEMMs must run on one stream,
-    one at a time), grown when a wider GEMM comes (outside graph capture; outgrown buffers are
-    kept alive, since a graph captured earlier may still use them)."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"w4a16 REDUCE: {tiles} column tiles first seen inside a CUDA graph capture; "
-                               "run the GEMM once before capturing.")
-        if counters is not None:
-            _RETIRED.append(counters)  # a captured graph may still hold its address
-        counters = _COUNTERS[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
-    return counters
 
 
 def unpack_rows(qweight: torch.Tensor) -> torch.Tensor:

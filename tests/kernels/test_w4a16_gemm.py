@@ -119,7 +119,7 @@ def test_full_size_matches_reference(m, k, n, asym):
 def test_reduce_in_kernel_under_graph_replays(warps, split_k):
     """The last-program split-K sum on a real GPU: launches back to back and CUDA-graph replays
     equal the two-kernel path, and every tile's counter is back at zero."""
-    from folio.kernels import w4a16_gemm
+    from folio.kernels import w4a16_gemv
 
     gen = torch.Generator().manual_seed(split_k)
     qweight, scales, zeros, _ = _random_int4(4096, 3000, 128, True, gen, "cuda")
@@ -135,4 +135,4 @@ def test_reduce_in_kernel_under_graph_replays(warps, split_k):
         torch.cuda.synchronize()
         assert torch.equal(captured, want)
     assert all(torch.equal(g, want) for g in got)
-    assert int(w4a16_gemm._COUNTERS[x.device].sum()) == 0
+    assert int(w4a16_gemv._COUNTERS[x.device].sum()) == 0
