@@ -65,8 +65,10 @@ class LoRAManager:
             parent_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, attr, wrapper)
             self.layers[name] = wrapper
-        logger.info("LoRA: %d layers adaptable, %d GPU slots of rank %d, %d adapters kept on the CPU",
-                    len(self.layers), self.config.max_loras, self.config.max_lora_rank, self.config.cpu_capacity)
+        stacked = sum(layer.stacked_weight is not None for layer in self.layers.values())
+        logger.info("LoRA: %d layers adaptable (%d with A stacked under the base weight, the rest through the "
+                    "shrink kernel), %d GPU slots of rank %d, %d adapters kept on the CPU", len(self.layers), stacked,
+                    self.config.max_loras, self.config.max_lora_rank, self.config.cpu_capacity)
 
     def current_mapping(self) -> LoRAMapping:
         return self.buffers.current
