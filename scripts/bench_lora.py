@@ -24,6 +24,7 @@ import os
 import sys
 import tempfile
 import time
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -127,23 +128,26 @@ def run_base(common: dict, workload) -> dict:
     return result
 
 
-def run_lora(common: dict, hf: dict, args, workload, order: list[str], stacked: str = "auto",
-             label: str = "") -> list[tuple[str, dict]]:
-    """One LoRA engine (FOLIO_LORA_STACKED=stacked while it is built): each mode warmed up,
-    then timed in `order` (modes may repeat); results named label + mode."""
-    from folio import LLM, LoRARequest
+def write_adapters(hf: dict, args) -> list:
+    """args.adapters random PEFT folders of rank args.rank, as LoRARequests (ids 1..N)."""
+    from folio import LoRARequest
 
     root = tempfile.mkdtemp(prefix="folio-lora-bench-")
     start = time.perf_counter()
     adapters = [LoRARequest(f"adapter{i}", i + 1, write_random_adapter(os.path.join(root, f"a{i}"), hf, args.rank, i))
                 for i in range(args.adapters)]
     print(f"wrote {args.adapters} adapters of rank {args.rank} in {time.perf_counter() - start:.1f} s", flush=True)
-    previous = os.environ.get("FOLIO_LORA_STACKED")
-    os.environ["FOLIO_LORA_STACKED"] = stacked
-    try:
+    return adapters
+
+
+def run_lora(common: dict, adapters: list, args, workload, order: list[str], stacked: str = "auto",
+             label: str = "") -> list[tuple[str, dict]]:
+    """One LoRA engine (FOLIO_LORA_STACKED=stacked while it is built): each mode warmed up,
+    then timed in `order` (modes may repeat); results named label + mode."""
+    from folio import LLM
+
+    with mock.patch.dict(os.environ, {"FOLIO_LORA_STACKED": stacked}):
         llm = LLM(**common, enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank)
-    finally:
-        os.environ.pop("FOLIO_LORA_STACKED") if previous is None else os.environ.__setitem__("FOLIO_LORA_STACKED", previous)
     wrappers = llm.llm_engine.runner.lora.layers  # counted, not kept: a reference would keep the model alive
     print(f"{label or 'lora'} engine: A stacked under the base weight in "
           f"{sum(w.stacked_weight is not None for w in wrappers.values())} of {len(wrappers)} layers", flush=True)
@@ -207,12 +211,14 @@ def main() -> int:
     if "base" in modes:
         runs["base"] = [run_base(common, workload)]
     lora_modes = [m for m in modes if m.startswith("lora-")]
+    adapters = write_adapters(hf, args) if lora_modes or args.unstacked else []
     if lora_modes:
         order = lora_modes + lora_modes[::-1] if args.abba else lora_modes
-        for mode, result in run_lora(common, hf, args, workload, order):
+        for mode, result in run_lora(common, adapters, args, workload, order):
             runs.setdefault(mode, []).append(result)
     if args.unstacked:
-        for mode, result in run_lora(common, hf, args, workload, ["lora-1", "lora-N"], stacked="0", label="unstacked-"):
+        for mode, result in run_lora(common, adapters, args, workload, ["lora-1", "lora-N"], stacked="0",
+                                     label="unstacked-"):
             runs.setdefault(mode, []).append(result)
     if "base" in modes and args.abba:
         runs["base"].append(run_base(common, workload))

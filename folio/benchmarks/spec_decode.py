@@ -24,13 +24,13 @@ acceptance rate, mean accepted length, acceptance per position) and a markdown t
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
+from folio.benchmarks.throughput import release_device_memory
 from folio.demo.corpus import pretraining_documents
 from folio.demo.trainer import QUOTE_SEPARATOR
 
@@ -111,12 +111,8 @@ class Timed:
         }
 
     def close(self) -> None:
-        import torch
-
         del self.llm
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_device_memory()
 
 
 def run_rounds(target: str, specs: list[dict | None], groups: list[list[str]], output_len: int,
@@ -154,7 +150,8 @@ def main() -> None:
     parser.add_argument("--batch-blocks", type=int, default=4096, help="KV blocks of each engine (they share the device)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
-    engine = dict(device=args.device, max_model_len=1024, gpu_memory_utilization=0.5)
+    # Each workload's engines side by side: a fixed KV cache each instead of a memory share.
+    engine = dict(device=args.device, max_model_len=1024, num_gpu_blocks_override=args.batch_blocks)
     drafts = [{"model": args.draft, "num_speculative_tokens": k} for k in args.k]
     ngrams = [
         {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2} for k in args.k
@@ -179,14 +176,12 @@ def main() -> None:
         print(json.dumps({"workload": workload, "speculation": method, **result}), flush=True)
         rows.append((workload, method, result))
 
-    # Each workload's engines side by side (a fixed KV cache each), taking turns prompt by prompt.
-    side_by_side = {**engine, "gpu_memory_utilization": 0.9, "num_gpu_blocks_override": args.batch_blocks}
     for workload, specs, groups, output_len, seqs in (
         ("batch 1, plain", [None, *drafts], [[p] for p in plain_prompts(args.prompts)], args.output_len, 16),
         ("batch 1, copy-heavy", [None, *ngrams], [[p] for p in copying], args.copy_output_len, 16),
         (big, big_specs, [plain_prompts(args.batch)] * args.batch_repeats, args.output_len, args.batch),
     ):
-        for spec, result in zip(specs, run_rounds(args.target, specs, groups, output_len, max_num_seqs=seqs, **side_by_side)):
+        for spec, result in zip(specs, run_rounds(args.target, specs, groups, output_len, max_num_seqs=seqs, **engine)):
             report(workload, spec, result)
     print("\n| workload | speculation | tok/s | speed-up (median per round) | acceptance | mean accepted length | quoted | same outputs |")
     print("|---|---|---|---|---|---|---|---|")

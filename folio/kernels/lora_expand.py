@@ -118,6 +118,16 @@ class ShrinkSource(NamedTuple):
         """The stacked GEMM's output [tokens, n + slots * width]: slot s's shrink at n + s * width."""
         return ShrinkSource(y_ext, n, width)
 
+    def check(self, tokens: int, slots: int, width: int) -> None:
+        """A consumer's check: `width` rank columns per token (shards * R), under every one of
+        `slots` slots when stacked (the error names the tensor the caller passed)."""
+        if self.slot_stride == 0:
+            check_shrunk(self.tensor, tokens, width)
+        elif (self.slot_stride != width or self.tensor.shape[0] != tokens
+              or self.tensor.shape[1] != self.col0 + slots * width or self.tensor.stride(1) != 1):
+            raise ValueError(f"y_ext (a stacked shrink) must be [{tokens}, {self.col0} + {slots} * {width}], "
+                             f"got {tuple(self.tensor.shape)} with slot stride {self.slot_stride}.")
+
     def kernel_args(self) -> tuple[int, int, int, int, int]:
         """(row stride, col0, slot stride, split stride, splits) as the kernels take them."""
         split_stride, split = split_layout(self.tensor)
@@ -135,7 +145,7 @@ def lora_expand_triton(
 ) -> torch.Tensor:
     """Triton launcher: adds each token's adapter delta into y; returns y."""
     _check(y, lora_b, shard_offsets, shard_sizes)
-    check_shrunk(shrunk, y.shape[0], len(shard_sizes) * lora_b.shape[2])
+    ShrinkSource.of(shrunk).check(y.shape[0], lora_b.shape[0], len(shard_sizes) * lora_b.shape[2])
     check_mapping(y.shape[0], lora_b.shape[0], sorted_tokens, blocks)
     check_same_device(_lora_expand_kernel, y=y, shrunk=shrunk, lora_b=lora_b, shard_offsets=shard_offsets)
     _launch(y, y, ShrinkSource.of(shrunk), lora_b, shard_offsets, sorted_tokens, blocks, shard_sizes, lora_b.shape[0])
@@ -153,14 +163,13 @@ def lora_expand_stacked_triton(
     """Triton launcher of the stacked layout (see the module docstring)."""
     slots, n, r = lora_b.shape
     width = len(shard_sizes) * r
+    source = ShrinkSource.stacked(y_ext, n, width)
     _check(y_ext[:, :n], lora_b, shard_offsets, shard_sizes)
-    if y_ext.shape[1] != n + slots * width:
-        raise ValueError(f"y_ext must be [tokens, {n} + {slots} * {width}], got {tuple(y_ext.shape)}.")
+    source.check(y_ext.shape[0], slots, width)
     check_mapping(y_ext.shape[0], slots + 1, sorted_tokens, act_blocks)  # + the no-adapter group
     check_same_device(_lora_expand_kernel, y_ext=y_ext, lora_b=lora_b, shard_offsets=shard_offsets)
     out = torch.empty((y_ext.shape[0], n), dtype=y_ext.dtype, device=y_ext.device)
-    _launch(out, y_ext, ShrinkSource.stacked(y_ext, n, width), lora_b, shard_offsets, sorted_tokens, act_blocks,
-            shard_sizes, slots + 1)
+    _launch(out, y_ext, source, lora_b, shard_offsets, sorted_tokens, act_blocks, shard_sizes, slots + 1)
     return out
 
 

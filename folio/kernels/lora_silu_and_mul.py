@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from folio.kernels.activation import silu_and_mul_reference
-from folio.kernels.lora_expand import ShrinkSource, check_shrunk, lora_expand_reference, slot_delta
+from folio.kernels.lora_expand import ShrinkSource, lora_expand_reference, slot_delta
 from folio.kernels.lora_shrink import LoRABlocks, block_m, block_tokens, check_mapping, num_blocks
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
@@ -122,10 +122,4 @@ def _check(y: torch.Tensor, source: ShrinkSource, lora_b: torch.Tensor) -> None:
         raise ValueError(f"y must be [tokens, 2 * inter] with contiguous rows, got {tuple(y.shape)}.")
     if lora_b.dim() != 3 or lora_b.shape[1] != y.shape[1] or not lora_b.is_contiguous():
         raise ValueError(f"lora_b must be a contiguous [slots, {y.shape[1]}, R], got {tuple(lora_b.shape)}.")
-    width = 2 * lora_b.shape[2]
-    if source.slot_stride == 0:
-        check_shrunk(source.tensor, y.shape[0], width)
-    elif (source.slot_stride != width or source.tensor.shape[0] != y.shape[0]
-          or source.tensor.shape[1] != source.col0 + lora_b.shape[0] * width or source.tensor.stride(1) != 1):
-        raise ValueError(f"a stacked shrink must be [tokens, {source.col0} + {lora_b.shape[0]} * {width}], "
-                         f"got {tuple(source.tensor.shape)} with slot stride {source.slot_stride}.")
+    source.check(y.shape[0], lora_b.shape[0], 2 * lora_b.shape[2])

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from folio.kernels.triton_compat import check_same_device, tl, triton, use_triton_for
 from folio.kernels.w4a16_gemv import (  # noqa: F401 (gemv_split_k: re-exported for the benchmark)
     _group_scale_zero,
-    _nibbles_to_float,
     _split_counters,
     _w4a16_gemv_kernel,
     gemv_split_k,
@@ -38,6 +37,17 @@ DEQUANT_MIN_M = 256
 MAGIC_DEFAULT = int(os.environ.get("FOLIO_W4A16_MAGIC", "1") != "0")
 # The GEMV's K loop on [K/8, N] tiles with one sum at the end (_gemv_flat_step); FOLIO_W4A16_FLAT=0: 3-D tiles.
 FLAT_DEFAULT = int(os.environ.get("FOLIO_W4A16_FLAT", "1") != "0")
+
+
+@triton.jit
+def _nibbles_to_float(nibbles, MAGIC: tl.constexpr):
+    """int32 values 0..15 -> the same values in float32. MAGIC: OR them into the mantissa of
+    2^23 (0x4B000000) and subtract 2^23, both exact: an integer op and a float add instead of an
+    int-to-float conversion, which runs at a quarter of the FP32 rate on Hopper and made the
+    batch-1 GEMV compute-bound (1.1 TB/s, session 5; docs/perf-notes.md)."""
+    if MAGIC:
+        return (nibbles | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return nibbles.to(tl.float32)
 
 
 @triton.jit

@@ -26,17 +26,6 @@ def _group_scale_zero(s_ptr, z_ptr, group, stride_sg, rn, n_ok, HAS_ZEROS: tl.co
 
 
 @triton.jit
-def _nibbles_to_float(nibbles, MAGIC: tl.constexpr):
-    """int32 values 0..15 -> the same values in float32. MAGIC: OR them into the mantissa of
-    2^23 (0x4B000000) and subtract 2^23, both exact: an integer op and a float add instead of an
-    int-to-float conversion, which runs at a quarter of the FP32 rate on Hopper and made the
-    batch-1 GEMV compute-bound (1.1 TB/s, session 5; docs/perf-notes.md)."""
-    if MAGIC:
-        return (nibbles | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    return nibbles.to(tl.float32)
-
-
-@triton.jit
 def _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
                     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_K / 8, BLOCK_N] float32: word row i's sum over its 8 nibbles of a_k (q_kn - z_n) s_n

@@ -123,7 +123,7 @@ class LoRALinear(nn.Module):
         mapping = self.current_mapping()
         if self.stacked_weight is not None and mapping.any_adapter:
             y_ext = F.linear(x, self.stacked_weight, self.stacked_bias)  # [tokens, 2 * inter + slots * 2 * r]
-            n = y_ext.shape[1] - self.lora_a.shape[0] * self.lora_a.shape[1]
+            n = self.lora_b.shape[1]  # 2 * inter_per_partition: the base columns
             if use_triton_for(x) and len(self.shard_sizes) == 2:
                 source = ShrinkSource.stacked(y_ext, n, self.lora_a.shape[1])
                 return lora_silu_and_mul_triton(y_ext[:, :n], source, self.lora_b, mapping.sorted_tokens, mapping.act_blocks)
