@@ -3,9 +3,9 @@
     ncu --clock-control none --kernel-name regex:_w4a16_gemv_kernel --launch-skip 2 --launch-count 2 \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats python3 scripts/gemv_once.py
 
-Runs the default (flat) steps then the 3-D tiles (FLAT=0), 3 launches each, so a profile of
-launches 3 and 4 (0-based 2, 3) sees one warm launch of each. Issue 13: session 7 found every
-GEMV variant at 1.1-1.6 TB/s whatever it issues (docs/perf-notes.md); the counters say why.
+Runs the default (denormal) K steps then the flat ones (STEP=1), 3 launches each, so a profile
+of launches 3 and 4 (0-based 2, 3) sees one warm launch of each. Issue 13: session 8's profile of
+this script found the flat GEMV issue-bound (docs/perf-notes.md).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ def main() -> None:
     scales = (torch.rand(k // group, n, generator=gen) * 0.02 + 0.001).cuda()
     x = torch.randn(1, k, generator=gen).to("cuda", torch.bfloat16)
     default = pick_config(1, n, k, group, torch.cuda.get_device_properties(0).multi_processor_count)
-    for flat in (1, 0):
+    for step in (2, 1):
         for _ in range(3):
-            w4a16_gemm_triton(x, qweight, scales, None, group, config={**default, "FLAT": flat})
+            w4a16_gemm_triton(x, qweight, scales, None, group, config={**default, "STEP": step})
     torch.cuda.synchronize()
     print("config", default)
 

@@ -69,11 +69,17 @@ kernels-quant) part kernels-quant  # issue 13: W4A16 / FP8 GEMMs at the 8B's sha
   mkdir -p "$OUT/kquant"; timeout 400 python3 -m folio.kernels.benchmark --only quant --sweep --out "$OUT/kquant" 2>&1 | tail -120 ;;
 kernels-quant-ab) part kernels-quant-ab  # issue 13: the quantized GEMMs at the 8B's shapes, default configs, exponent-bit unpack vs conversions
   mkdir -p "$OUT/kquant"; timeout 300 python3 -m folio.kernels.benchmark --only quant --out "$OUT/kquant" 2>&1 | tail -60 ;;
-quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 / FP8, then INT4 with the GEMV's 3-D tiles (same run)
+quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 / FP8, then INT4 with other GEMV settings (same run)
   timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 2>&1 | grep -vE "INFO|it/s" | tail -8
-  FOLIO_W4A16_FLAT=0 timeout 150 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
-    --schemes int4-rtn 2>&1 | grep -vE "INFO|it/s" | tail -4 ;;
-ncu-gemv) part ncu-gemv  # issue 13: Nsight Compute counters of the W4A16 GEMV (flat, then 3-D tiles) at the 8B's QKV shape
+  for V in ${QUANT_DECODE_VARIANTS:-flat reduce}; do  # flat: session 7's K step; reduce: the split-K sum in the GEMV
+    case $V in flat) E="FOLIO_W4A16_GEMV_STEP=flat";; reduce) E='FOLIO_W4A16_GEMV_CONFIG={"REDUCE":1}';;
+      k64) E='FOLIO_W4A16_GEMV_CONFIG={"BLOCK_K":64}';; k64-reduce) E='FOLIO_W4A16_GEMV_CONFIG={"BLOCK_K":64,"REDUCE":1}';;
+      *) E="FOLIO_W4A16_GEMV_CONFIG=$V";; esac
+    echo "--- INT4 with $E"
+    env "$E" timeout 150 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
+      --schemes int4-rtn 2>&1 | grep -vE "INFO|it/s" | tail -4
+  done ;;
+ncu-gemv) part ncu-gemv  # issue 13: Nsight Compute counters of the W4A16 GEMV (denormal, then flat K steps) at the 8B's QKV shape
   timeout 300 ncu --clock-control none --kernel-name regex:_w4a16_gemv_kernel --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     python3 scripts/gemv_once.py > "$OUT/ncu-gemv.txt" 2>&1; grep -E "Throughput|Occupancy|Stall|Duration|Registers|Waves" "$OUT/ncu-gemv.txt" | head -60 ;;

@@ -63,15 +63,20 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
     nbytes = qweight.numel() * 4 + scales.numel() * 4 + 2 * x.numel() * x.element_size() + m * n * x.element_size()
     flops = 2 * m * n * k
     default = pick_config(m, n, k, GROUP, _sms(device))
-    # Same-run A/Bs of session 7: the default config with conversions (MAGIC=0) and, at one
-    # token, the GEMV's 3-D tiles (FLAT=0) instead of its flat [K/8, N] steps, and flat tiles.
-    configs = [("default", None), ("default no-magic", {**default, "MAGIC": 0, "FLAT": 0})]
-    if m == 1:
-        configs.append(("default 3-D tiles", {**default, "FLAT": 0}))
+    # Same-run A/Bs: the default config with conversions (MAGIC=0; session 7) and, at one token,
+    # the GEMV's earlier K steps (flat: session 7's default, session 8 made denormal the default).
+    configs = [("default", None), ("default no-magic", {**default, "MAGIC": 0, "STEP": 0})]
+    if m == 1:  # session 8: the denormal step's prefetch, BLOCK_K and in-kernel split-K sum; flat for reference
+        configs.append(("default flat step", {**default, "STEP": 1}))
+        configs.append(("default no prefetch", {**default, "PREFETCH": 0}))
+        configs.append(("default reduce", {**default, "REDUCE": 1}))
+        k64 = {**default, "BLOCK_K": 64, "SPLIT_K": gemv_split_k(n, k, default["BLOCK_N"], 64, _sms(device))}
+        configs.append(("default k64", k64))
+        configs.append(("default k64 reduce", {**k64, "REDUCE": 1}))
         for block_n, warps in ((256, 4), (256, 8), (64, 2), (128, 2), (512, 8)) if sweep else ():
             cfg = dict(default, BLOCK_N=block_n, num_warps=warps,
                        SPLIT_K=gemv_split_k(n, k, block_n, default["BLOCK_K"], _sms(device)))
-            configs.append((f"flat n{block_n} w{warps}", cfg))
+            configs.append((f"n{block_n} w{warps}", cfg))
     if sweep:
         for block_n, block_k, split_k, warps, stages in SWEEP_W4A16:
             cfg = dict(pick_config(16, n, k, GROUP, _sms(device)), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)

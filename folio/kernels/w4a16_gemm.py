@@ -17,6 +17,7 @@ calls cuBLAS (M >= DEQUANT_MIN_M).
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -28,6 +29,7 @@ from folio.kernels.w4a16_gemv import (  # noqa: F401 (gemv_split_k: re-exported 
     _split_counters,
     _w4a16_gemv_kernel,
     gemv_split_k,
+    STEP_DEFAULT,
 )
 
 PACK = 8  # int4 values per int32
@@ -35,8 +37,9 @@ PACK = 8  # int4 values per int32
 DEQUANT_MIN_M = 256
 # Unpack through exponent bits (_nibbles_to_float); FOLIO_W4A16_MAGIC=0 converts (the A/B switch).
 MAGIC_DEFAULT = int(os.environ.get("FOLIO_W4A16_MAGIC", "1") != "0")
-# The GEMV's K loop on [K/8, N] tiles with one sum at the end (_gemv_flat_step); FOLIO_W4A16_FLAT=0: 3-D tiles.
-FLAT_DEFAULT = int(os.environ.get("FOLIO_W4A16_FLAT", "1") != "0")
+# The one-token GEMV's config keys to change (an A/B switch for whole-model runs), e.g.
+# FOLIO_W4A16_GEMV_CONFIG='{"REDUCE": 1, "BLOCK_K": 64}'; SPLIT_K follows the tile unless given.
+GEMV_OVERRIDES = json.loads(os.environ.get("FOLIO_W4A16_GEMV_CONFIG", "{}"))
 
 
 @triton.jit
@@ -165,9 +168,11 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
     """Tile sizes and split-K: small M splits K until about two programs per SM; one token
     takes the GEMV kernel (GEMV=1) with wide tiles, split until about four programs per SM."""
     if m == 1:
-        block_k, block_n = min(128, group_size), 128
-        return dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=gemv_split_k(n, k, block_n, block_k, num_sms),
-                    num_warps=4)
+        cfg = {"GEMV": 1, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, **GEMV_OVERRIDES}
+        cfg["BLOCK_K"] = min(cfg["BLOCK_K"], group_size)
+        if "SPLIT_K" not in cfg:
+            cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms)
+        return cfg
     block_k = 64 if group_size % 64 == 0 else 32
     busy, steps, stages = 2, 4, None  # programs per SM to aim for; min K steps per split; pipeline depth
     if m <= 16:  # measured (docs/perf-notes.md, session 5): 128-deep K steps, 4 stages, ~4 programs per SM, >= 8 steps per split
@@ -203,13 +208,16 @@ def w4a16_gemm_triton(
     gemv = bool(cfg.pop("GEMV", 0))
     reduce_in_kernel = bool(cfg.pop("REDUCE", 0))  # GEMV only: the split-K sum in the same launch
     magic = int(cfg.pop("MAGIC", MAGIC_DEFAULT))  # unpack through exponent bits (_nibbles_to_float); 0: conversions
-    flat = int(cfg.pop("FLAT", FLAT_DEFAULT))  # GEMV only: the K loop without 3-D tiles or per-step sums
+    step = int(cfg.pop("STEP", STEP_DEFAULT))  # GEMV only: its K step (w4a16_gemv.GEMV_STEPS)
+    prefetch = int(cfg.pop("PREFETCH", 1))  # GEMV with STEP 2: words loaded one step ahead
     if gemv and m != 1:
         raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
     split_k = cfg.pop("SPLIT_K")
     num_warps = cfg.pop("num_warps", 4)
     num_stages = cfg.pop("num_stages", None)  # None: Triton's default
     launch = dict(num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}))
+    if "maxnreg" in cfg:  # a register cap per thread (more programs per SM), for the GEMV sweep
+        launch["maxnreg"] = cfg.pop("maxnreg")
     block_k = cfg["BLOCK_K"]
     if group_size % block_k:
         raise ValueError(f"w4a16: BLOCK_K={block_k} must divide the group size {group_size}.")
@@ -226,7 +234,7 @@ def w4a16_gemm_triton(
             x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
             result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, FLAT=flat, **launch,
+            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, **launch,
         )
         if reduce:
             return result  # [1, N]

@@ -8,6 +8,8 @@ split-K partials added by a second launch or, with REDUCE, by each column tile's
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from folio.kernels.triton_compat import tl, triton
@@ -54,6 +56,70 @@ def _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk
         part += f * a[:, None]
         a_sum += a
     return (16.0 * part - (16.0 + z)[None, :] * a_sum[:, None]) * s[None, :]
+
+# _gemv_denormal_step's products are a q 2^(DENORMAL_SHIFT - 149): normal floats for |a q| >= 2^-41
+# (4.5e-13), and a 2^(DENORMAL_SHIFT - p) stays finite for |a| < 2^64 (1.8e19).
+DENORMAL_SHIFT = tl.constexpr(64)
+DENORMAL_UNSCALE = tl.constexpr(2.0 ** (149 - 64))  # 2^(149 - DENORMAL_SHIFT)
+
+
+@triton.jit
+def _gemv_denormal_step(packed, a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, rn, n_ok,
+                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_K / 8, BLOCK_N] float32 like _gemv_flat_step, two instructions per weight: an AND
+    keeps nibble j where it lies in the word, and the bits read as a float32 with a zero exponent
+    field, a denormal equal to q * 2^(p - 149) exactly (p: the nibble's lowest bit, at most 19, so
+    the field stays zero); one FMA multiplies it by a_j 2^(S - p) (S = DENORMAL_SHIFT, the power
+    chosen per nibble once per word row, not per weight), so every product is a_j q 2^(S - 149), a
+    normal float. Nibbles 5..7 (bits 20..31) are read from the word shifted right by 12 (one shift
+    per word). The GPU's FMA takes denormal operands at full rate (Triton does not flush them)."""
+    rk8 = tl.arange(0, BLOCK_K // 8)
+    bits = packed.to(tl.uint32, bitcast=True)  # [BLOCK_K / 8, BLOCK_N] words of K rows k0 .. k0 + BLOCK_K
+    high = bits >> 12  # nibbles 3..7 at bits 0..19
+    s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
+    a_rows = a_ptr + (k0 + rk8 * 8) * stride_ak  # [BLOCK_K / 8] pointers to each word row's 8 inputs
+    part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # 2^(S - 149) sum_j a_j q_j
+    a_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
+    for j in tl.static_range(8):  # nibble j of word i is input row k0 + 8i + j
+        a = tl.load(a_rows + j * stride_ak).to(tl.float32)  # one base per row, j an immediate offset
+        a_sum += a
+        if j < 5:
+            f = (bits & (0xF << (4 * j))).to(tl.float32, bitcast=True)
+            b = a * (2.0 ** (DENORMAL_SHIFT - 4 * j))
+        else:
+            f = (high & (0xF << (4 * j - 12))).to(tl.float32, bitcast=True)
+            b = a * (2.0 ** (DENORMAL_SHIFT - 4 * j + 12))
+        part += f * b[:, None]
+    unscale = s * DENORMAL_UNSCALE
+    return part * unscale[None, :] - a_sum[:, None] * (z * s)[None, :]
+
+
+@triton.jit
+def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
+                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PREFETCH: tl.constexpr):
+    """[BLOCK_K / 8, BLOCK_N] float32: the denormal steps over K rows k_start .. k_end. K is a
+    multiple of the group (the launcher checks), so of BLOCK_K: no word row is out of range.
+    PREFETCH: each step's words are loaded during the step before (one load in flight while the
+    FMAs run), not at its start."""
+    rk8 = tl.arange(0, BLOCK_K // 8)
+    acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
+    if PREFETCH:
+        packed = tl.load(qw_ptr + (k_start // 8 + rk8)[:, None] * stride_qk + rn[None, :],
+                         mask=n_ok[None, :] & (k_start < k_end), other=0)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            k1 = k0 + BLOCK_K
+            following = tl.load(qw_ptr + (k1 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
+                                mask=n_ok[None, :] & (k1 < k_end), other=0)
+            acc_rows += _gemv_denormal_step(packed, a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, rn, n_ok,
+                                            GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
+            packed = following
+    else:
+        for k0 in range(k_start, k_end, BLOCK_K):
+            packed = tl.load(qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :], mask=n_ok[None, :], other=0)
+            acc_rows += _gemv_denormal_step(packed, a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, rn, n_ok,
+                                            GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
+    return acc_rows
 
 
 @triton.jit
@@ -105,16 +171,18 @@ def _w4a16_gemv_kernel(
     SPLIT_K: tl.constexpr,
     REDUCE: tl.constexpr,
     MAGIC: tl.constexpr,
-    FLAT: tl.constexpr,
+    STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal
+    PREFETCH: tl.constexpr,  # STEP 2: load each step's words one step ahead
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
     out of the sum (sum_k a_k (q_kn - z_n) s_n = s_n (sum_k a_k q_kn - z_n sum_k a_k)).
-    FLAT: no [K/8, 8, N] tensor and no reduction inside the K loop: nibble j of every word is
-    one [K/8, N] step (static_range), multiplied by its own activation rows and accumulated
-    element-wise, each element in one thread; the one sum over K/8 comes after the loop. (The
-    3-D tile's per-step sums over rows that live in other threads, and its broadcast of the
-    words along the nibble axis, are the suspects for the GEMV's 1.1 TB/s: session 7.)
+    STEP 1 (flat) and 2 (denormal): no [K/8, 8, N] tensor and no reduction inside the K loop:
+    nibble j of every word is one [K/8, N] step (static_range), multiplied by its own activation
+    rows and accumulated element-wise, each element in one thread; the one sum over K/8 comes
+    after the loop. Denormal (the default) takes two instructions per weight where flat takes
+    three (docs/perf-notes.md, session 8: Nsight Compute found the GEMV issue-bound, ~7 SASS
+    instructions per weight in all, not waiting on memory).
     REDUCE: the last of a column tile's SPLIT_K programs to finish (a counter per tile, taken
     with acq_rel after a barrier) adds the tile's partials in split order and writes the output,
     then zeroes the counter: one launch per GEMM instead of two."""
@@ -123,17 +191,20 @@ def _w4a16_gemv_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # FLAT: summed over rows at the end
+    acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # STEP 1, 2: summed over rows at the end
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        if FLAT:
+    if STEP == 2:
+        acc_rows = _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
+                                       rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH)
+    for k0 in range(k_start, k_end if STEP != 2 else k_start, BLOCK_K):
+        if STEP == 1:
             acc_rows += _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
                                         rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
         else:
             acc += _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
                                    rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, MAGIC)
-    if FLAT:
+    if STEP != 0:
         acc = tl.sum(acc_rows, axis=0)  # [BLOCK_N]
     tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
     if REDUCE:
@@ -144,6 +215,20 @@ def _w4a16_gemv_kernel(
                 total += tl.load(c_ptr + split * stride_cs + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
             tl.atomic_xchg(counter_ptr + pid_n, 0)
+
+
+# The GEMV's K-step kernels by name (FOLIO_W4A16_GEMV_STEP picks one; the config key STEP).
+GEMV_STEPS = {"tiles": 0, "flat": 1, "denormal": 2}
+
+
+def _step_from_env() -> int:
+    name = os.environ.get("FOLIO_W4A16_GEMV_STEP", "denormal")
+    if name not in GEMV_STEPS:
+        raise ValueError(f"FOLIO_W4A16_GEMV_STEP={name!r}: expected one of {', '.join(GEMV_STEPS)}.")
+    return GEMV_STEPS[name]
+
+
+STEP_DEFAULT = _step_from_env()
 
 
 def gemv_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> int:

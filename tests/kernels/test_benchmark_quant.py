@@ -13,11 +13,13 @@ def test_tiny_quant_cases_check_and_count_bytes():
     rows = quant_cases(torch.device("cpu"), torch.float32, (3.0e12, 785e12), tiny=True, sweep=False, row=_row)
     labels = [r.case.split(" (")[0] for r in rows]
     one, sixteen = "w4a16 tiny M=1 K=256 N=96", "w4a16 tiny M=16 K=256 N=96"
-    assert labels[:3] == [f"{one} default", f"{one} default no-magic", f"{one} default 3-D tiles"]  # the A/B rows
-    assert labels[5:7] == [f"{sixteen} default", f"{sixteen} default no-magic"]
-    assert [r.case.split()[0] for r in rows] == ["w4a16"] * 3 + ["fp8", "bf16"] + ["w4a16"] * 2 + ["fp8", "bf16"]
+    variants = ["default", "default no-magic", "default flat step", "default no prefetch", "default reduce",
+                "default k64", "default k64 reduce"]  # the A/B rows at one token
+    assert labels[:7] == [f"{one} {v}" for v in variants]
+    assert labels[9:11] == [f"{sixteen} default", f"{sixteen} default no-magic"]
+    assert [r.case.split()[0] for r in rows] == ["w4a16"] * 7 + ["fp8", "bf16"] + ["w4a16"] * 2 + ["fp8", "bf16"]
     for r in rows:
         assert r.bytes > 0 and r.flops > 0 and r.median_us > 0
         assert r.max_err < (5e-2 if r.case.startswith("fp8") else 1e-3), r
     w4a16 = rows[0]
-    assert w4a16.bytes < rows[4].bytes / 3  # packed int4 + scales against the float32 weight
+    assert w4a16.bytes < rows[8].bytes / 3  # packed int4 + scales against the float32 weight

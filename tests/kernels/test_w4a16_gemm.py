@@ -56,9 +56,11 @@ def test_kernel_matches_dequantize_then_matmul(device, m, k, n, group, asym, spl
      (384, 17, 128, False, 4, 32, 128), (128, 9, 64, True, 1, 64, 64)],
 )
 @pytest.mark.parametrize("reduce", [False, True], ids=["sum-kernel", "reduce-in-kernel"])
-@pytest.mark.parametrize(("magic", "flat"), [(1, 1), (1, 0), (0, 0)], ids=["flat", "exponent-unpack", "int-to-float"])
-def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, split_k, block_n, block_k, reduce, magic, flat):
-    """One token through the GEMV kernel (flat [K/8, N] steps; 3-D tiles unpacking through
+@pytest.mark.parametrize(("magic", "step", "prefetch"), [(1, 2, 1), (1, 2, 0), (1, 1, 1), (1, 0, 1), (0, 0, 1)],
+                         ids=["denormal", "denormal-no-prefetch", "flat", "exponent-unpack", "int-to-float"])
+def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, split_k, block_n, block_k, reduce, magic, step,
+                                                    prefetch):
+    """One token through the GEMV kernel (denormal or flat [K/8, N] steps; 3-D tiles unpacking through
     exponent bits, or by conversions with the zero point taken out of the sum), odd N, K not a
     multiple of the split, with and without zeros; the split-K sum by the second kernel or by
     each tile's last program (run twice: the counters must be back at zero)."""
@@ -66,12 +68,42 @@ def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, s
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     qweight, scales, zeros, _ = _random_int4(k, n, group, asym, gen, device)
     x = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
-    cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, REDUCE=int(reduce), MAGIC=magic, FLAT=flat)
+    cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, REDUCE=int(reduce), MAGIC=magic, STEP=step,
+               PREFETCH=prefetch)
     expected = w4a16_reference(x, qweight, scales, zeros, group)
     for _ in range(2):
         out = w4a16_gemm_triton(x, qweight, scales, zeros, group, config=cfg)
         assert out.dtype == dtype and out.shape == (1, n)
         torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("scale", [1e-9, 1.0, 3e4])
+def test_denormal_gemv_keeps_float32_accuracy_at_any_activation_scale(device, scale):
+    """The denormal K step reads nibbles as denormal floats and scales the activations by powers
+    of two up to 2^64: its products must stay normal floats and finite from tiny to large inputs
+    (zeros among them), so the sum is as close to the float64 one as float32 accumulation allows."""
+    gen = torch.Generator().manual_seed(7)
+    k, n, group = 512, 40, 128
+    qweight, scales, zeros, q = _random_int4(k, n, group, True, gen, device)
+    x = torch.randn(1, k, generator=gen) * scale
+    x[0, ::7] = 0.0
+    w64 = (q.double() - zeros.cpu().double().repeat_interleave(group, 0)) * scales.cpu().double().repeat_interleave(group, 0)
+    expected = x.double() @ w64
+    bound = x.double().abs() @ w64.abs()
+    cfg = dict(GEMV=1, BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, STEP=2)
+    out = w4a16_gemm_triton(x.to(device), qweight, scales, zeros, group, config=cfg).cpu().double()
+    assert torch.isfinite(out).all()
+    assert ((out - expected).abs() <= 1e-5 * bound).all(), ((out - expected).abs() / bound).max()
+
+
+def test_gemv_step_switch_names_its_choices(monkeypatch):
+    from folio.kernels import w4a16_gemv
+
+    monkeypatch.setenv("FOLIO_W4A16_GEMV_STEP", "flat")
+    assert w4a16_gemv._step_from_env() == w4a16_gemv.GEMV_STEPS["flat"]
+    monkeypatch.setenv("FOLIO_W4A16_GEMV_STEP", "fast")
+    with pytest.raises(ValueError, match="denormal"):
+        w4a16_gemv._step_from_env()
 
 
 def test_gemv_is_the_one_token_default_and_refuses_more_rows():
