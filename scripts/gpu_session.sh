@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant kernels-quant-ab quant-decode ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant kernels-quant-ab quant-decode decode-profile ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -71,14 +71,16 @@ kernels-quant-ab) part kernels-quant-ab  # issue 13: the quantized GEMMs at the 
   mkdir -p "$OUT/kquant"; timeout 300 python3 -m folio.kernels.benchmark --only quant --out "$OUT/kquant" 2>&1 | tail -60 ;;
 quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 / FP8, then INT4 with other GEMV settings (same run)
   timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 2>&1 | grep -vE "INFO|it/s" | tail -8
-  for V in ${QUANT_DECODE_VARIANTS:-flat reduce}; do  # flat: session 7's K step; reduce: the split-K sum in the GEMV
-    case $V in flat) E="FOLIO_W4A16_GEMV_STEP=flat";; reduce) E='FOLIO_W4A16_GEMV_CONFIG={"REDUCE":1}';;
-      k64) E='FOLIO_W4A16_GEMV_CONFIG={"BLOCK_K":64}';; k64-reduce) E='FOLIO_W4A16_GEMV_CONFIG={"BLOCK_K":64,"REDUCE":1}';;
+  for V in ${QUANT_DECODE_VARIANTS:-flat k128-launch}; do  # flat: session 7's K step; k128-launch: BLOCK_K 128, split-K sum by a second launch
+    case $V in flat) E="FOLIO_W4A16_GEMV_STEP=flat";; k128-launch) E='FOLIO_W4A16_GEMV_CONFIG={"BLOCK_K":128,"REDUCE":0}';;
       *) E="FOLIO_W4A16_GEMV_CONFIG=$V";; esac
     echo "--- INT4 with $E"
     env "$E" timeout 150 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
       --schemes int4-rtn 2>&1 | grep -vE "INFO|it/s" | tail -4
   done ;;
+decode-profile) part decode-profile  # issue 13: device time per token by kernel, batch-1 decode of the 8B, bf16 and INT4
+  timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 --schemes baseline,int4-rtn \
+    --kernel-profile 64 2>&1 | grep -vE "INFO|it/s" | tee "$OUT/decode-profile.txt" | tail -44 ;;
 ncu-gemv) part ncu-gemv  # issue 13: Nsight Compute counters of the W4A16 GEMV (denormal, then flat K steps) at the 8B's QKV shape
   timeout 300 ncu --clock-control none --kernel-name regex:_w4a16_gemv_kernel --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \

@@ -71,7 +71,31 @@ def measure_decode(llm: Any, args: argparse.Namespace) -> dict[str, float]:
     timed(8)  # warm-up: compilation, CUDA graphs
     first = min(timed(1) for _ in range(3))
     full = min(timed(args.output_len + 1) for _ in range(3))
+    if args.kernel_profile:
+        print_kernel_profile(lambda: timed(args.kernel_profile + 1), args.kernel_profile, args.scheme)
     return {"ms_per_token": 1000 * (full - first) / args.output_len}
+
+
+def print_kernel_profile(generate: Any, tokens: int, scheme: str, top: int = 16) -> None:
+    """Device time per decode token by kernel (torch.profiler, graph replays included) of one
+    generate of `tokens` tokens: where the batch-1 step's time goes (PROFILE lines on stdout,
+    which run_all passes on)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+        generate()
+        if cuda:
+            torch.cuda.synchronize()
+    field = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, field, 0) > 0]
+    busy = sum(getattr(e, field) for e in events) / tokens
+    print(f"PROFILE ##### {scheme}: device time per token {busy:.1f} us over {tokens} tokens", flush=True)
+    for e in sorted(events, key=lambda e: -getattr(e, field))[:top]:
+        per_token = getattr(e, field) / tokens
+        print(f"PROFILE {per_token:8.1f} us/token {e.count / tokens:6.1f} calls/token "
+              f"{getattr(e, field) / e.count:7.2f} us/call  {e.key[:80]}", flush=True)
 
 
 def run_one(args: argparse.Namespace) -> None:
@@ -99,6 +123,9 @@ def run_all(args: argparse.Namespace, schemes: list[str]) -> list[dict[str, Any]
         cmd += _forwarded(args)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        for line in proc.stdout.splitlines():
+            if line.startswith("PROFILE "):
+                print(line[len("PROFILE ") :], flush=True)
         if proc.returncode != 0 or not lines:
             sys.stderr.write(proc.stderr[-4000:])
             raise SystemExit(f"{scheme} failed (exit {proc.returncode})")
@@ -111,7 +138,7 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
     out = ["--device", args.device, "--dtype", args.dtype, "--max-model-len", str(args.max_model_len)]
     if args.model:
         out += ["--model", args.model]
-    for name in ("window", "max_windows", "seed", "prompt_len", "output_len"):
+    for name in ("window", "max_windows", "seed", "prompt_len", "output_len", "kernel_profile"):
         out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return out
 
@@ -138,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="corpus seed of the held-out text (training used 0)")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--kernel-profile", type=int, default=0, metavar="TOKENS",
+                        help="decode: also print each kernel's device time per token over TOKENS tokens (GPU)")
     args = parser.parse_args(argv)
     if args.one:
         args.scheme = args.one

@@ -66,13 +66,14 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
     # Same-run A/Bs: the default config with conversions (MAGIC=0; session 7) and, at one token,
     # the GEMV's earlier K steps (flat: session 7's default, session 8 made denormal the default).
     configs = [("default", None), ("default no-magic", {**default, "MAGIC": 0, "STEP": 0})]
-    if m == 1:  # session 8: the denormal step's prefetch, BLOCK_K and in-kernel split-K sum; flat for reference
+    if m == 1:  # session 8: the denormal step's prefetch, BLOCK_K, split-K sum and tile; flat for reference
         configs.append(("default flat step", {**default, "STEP": 1}))
         configs.append(("default no prefetch", {**default, "PREFETCH": 0}))
-        configs.append(("default reduce", {**default, "REDUCE": 1}))
-        k64 = {**default, "BLOCK_K": 64, "SPLIT_K": gemv_split_k(n, k, default["BLOCK_N"], 64, _sms(device))}
-        configs.append(("default k64", k64))
-        configs.append(("default k64 reduce", {**k64, "REDUCE": 1}))
+        configs.append(("default second launch", {**default, "REDUCE": 0}))
+        k128 = {**default, "BLOCK_K": 128, "SPLIT_K": gemv_split_k(n, k, default["BLOCK_N"], 128, _sms(device))}
+        configs.append(("default k128", k128))
+        n64 = {**default, "BLOCK_N": 64, "SPLIT_K": gemv_split_k(n, k, 64, default["BLOCK_K"], _sms(device))}
+        configs.append(("default n64", n64))
         for block_n, warps in ((256, 4), (256, 8), (64, 2), (128, 2), (512, 8)) if sweep else ():
             cfg = dict(default, BLOCK_N=block_n, num_warps=warps,
                        SPLIT_K=gemv_split_k(n, k, block_n, default["BLOCK_K"], _sms(device)))

@@ -168,7 +168,9 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
     """Tile sizes and split-K: small M splits K until about two programs per SM; one token
     takes the GEMV kernel (GEMV=1) with wide tiles, split until about four programs per SM."""
     if m == 1:
-        cfg = {"GEMV": 1, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, **GEMV_OVERRIDES}
+        # Measured (session 8, H100, batch-1 decode of the 8B): BLOCK_K 64 with the split-K sum in
+        # the GEMV 3.27 ms, BLOCK_K 128 with the second launch 3.69 (docs/perf-notes.md).
+        cfg = {"GEMV": 1, "BLOCK_N": 128, "BLOCK_K": 64, "REDUCE": 1, "num_warps": 4, **GEMV_OVERRIDES}
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], group_size)
         if "SPLIT_K" not in cfg:
             cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms)

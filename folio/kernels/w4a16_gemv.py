@@ -211,7 +211,7 @@ def _w4a16_gemv_kernel(
         tl.debug_barrier()  # every thread's partial is stored before the counter moves
         if tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
             total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for split in range(SPLIT_K):  # split order, whatever order the programs ended in
+            for split in tl.static_range(SPLIT_K):  # split order, whatever order the programs ended; unrolled: all loads in flight
                 total += tl.load(c_ptr + split * stride_cs + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
             tl.atomic_xchg(counter_ptr + pid_n, 0)

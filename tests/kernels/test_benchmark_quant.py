@@ -13,8 +13,8 @@ def test_tiny_quant_cases_check_and_count_bytes():
     rows = quant_cases(torch.device("cpu"), torch.float32, (3.0e12, 785e12), tiny=True, sweep=False, row=_row)
     labels = [r.case.split(" (")[0] for r in rows]
     one, sixteen = "w4a16 tiny M=1 K=256 N=96", "w4a16 tiny M=16 K=256 N=96"
-    variants = ["default", "default no-magic", "default flat step", "default no prefetch", "default reduce",
-                "default k64", "default k64 reduce"]  # the A/B rows at one token
+    variants = ["default", "default no-magic", "default flat step", "default no prefetch", "default second launch",
+                "default k128", "default n64"]  # the A/B rows at one token
     assert labels[:7] == [f"{one} {v}" for v in variants]
     assert labels[9:11] == [f"{sixteen} default", f"{sixteen} default no-magic"]
     assert [r.case.split()[0] for r in rows] == ["w4a16"] * 7 + ["fp8", "bf16"] + ["w4a16"] * 2 + ["fp8", "bf16"]
