@@ -100,11 +100,24 @@ def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, 
                         PREFETCH: tl.constexpr):
     """[BLOCK_K / 8, BLOCK_N] float32: the denormal steps over K rows k_start .. k_end. K is a
     multiple of the group (the launcher checks), so of BLOCK_K: no word row is out of range.
-    PREFETCH: each step's words are loaded during the step before (one load in flight while the
-    FMAs run), not at its start."""
+    PREFETCH: each step's words are loaded PREFETCH steps ahead (1 or 2 loads in flight while
+    the FMAs run), not at its start (0)."""
     rk8 = tl.arange(0, BLOCK_K // 8)
     acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-    if PREFETCH:
+    if PREFETCH == 2:  # two steps ahead
+        packed = tl.load(qw_ptr + (k_start // 8 + rk8)[:, None] * stride_qk + rn[None, :],
+                         mask=n_ok[None, :] & (k_start < k_end), other=0)
+        second = tl.load(qw_ptr + ((k_start + BLOCK_K) // 8 + rk8)[:, None] * stride_qk + rn[None, :],
+                         mask=n_ok[None, :] & (k_start + BLOCK_K < k_end), other=0)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            k2 = k0 + 2 * BLOCK_K
+            third = tl.load(qw_ptr + (k2 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
+                            mask=n_ok[None, :] & (k2 < k_end), other=0)
+            acc_rows += _gemv_denormal_step(packed, a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, rn, n_ok,
+                                            GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
+            packed = second
+            second = third
+    elif PREFETCH:
         packed = tl.load(qw_ptr + (k_start // 8 + rk8)[:, None] * stride_qk + rn[None, :],
                          mask=n_ok[None, :] & (k_start < k_end), other=0)
         for k0 in range(k_start, k_end, BLOCK_K):
@@ -172,7 +185,7 @@ def _w4a16_gemv_kernel(
     REDUCE: tl.constexpr,
     MAGIC: tl.constexpr,
     STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal
-    PREFETCH: tl.constexpr,  # STEP 2: load each step's words one step ahead
+    PREFETCH: tl.constexpr,  # STEP 2: load each step's words 0, 1 or 2 steps ahead
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
