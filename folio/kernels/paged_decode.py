@@ -21,6 +21,8 @@ even out unequal lengths (docs/perf-notes.md). W1 at 256 sequences x 8 KV heads 
 never splits; below 66 sequences (the run's tail) it does.
 """
 
+import os
+
 import torch
 
 from folio.kernels.paged_attention import LOG2_E, TileConfig, check_attention_inputs, check_output, dot_precision
@@ -28,7 +30,9 @@ from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, 
 
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 4  # decode programs wanted per SM in the grid (see choose_num_splits)
-MIN_SPLIT_TOKENS = 256  # a split must read far more K/V (here 128 KiB per KV head) than it writes
+# A split must read far more K/V (here 128 KiB per KV head at 256 tokens) than it writes;
+# FOLIO_DECODE_MIN_SPLIT_TOKENS changes it (the A/B switch for short contexts at small batches).
+MIN_SPLIT_TOKENS = int(os.environ.get("FOLIO_DECODE_MIN_SPLIT_TOKENS", "256"))
 
 
 @triton.jit
