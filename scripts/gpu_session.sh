@@ -81,7 +81,7 @@ quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 / FP8, 
 decode-profile) part decode-profile  # issue 13: device time per token by kernel, batch-1 decode of the 8B, bf16 and INT4
   timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 --schemes baseline,int4-rtn \
     --kernel-profile 64 2>&1 | grep -vE "INFO|it/s" | tee "$OUT/decode-profile.txt" | tail -44 ;;
-decode-splits) part decode-splits  # issues 11, 13: batch-1 decode with the split-KV decode's minimum split at 256 (default) and 64 tokens
+decode-splits) part decode-splits  # issues 11, 13: batch-1 decode with the split-KV decode's minimum split at 256 and 64 (default) tokens
   for T in ${DECODE_SPLIT_TOKENS:-256 64}; do
     echo "--- FOLIO_DECODE_MIN_SPLIT_TOKENS=$T"
     FOLIO_DECODE_MIN_SPLIT_TOKENS=$T timeout 200 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
