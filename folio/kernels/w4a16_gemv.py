@@ -64,24 +64,33 @@ DENORMAL_UNSCALE = tl.constexpr(2.0 ** (149 - 64))  # 2^(149 - DENORMAL_SHIFT)
 
 
 @triton.jit
-def _gemv_denormal_step(packed, a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, rn, n_ok,
-                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _denormal_acts(a_ptr, k0, stride_ak, ok, BLOCK_K: tl.constexpr):
+    """The 8 activation vectors [BLOCK_K / 8] of a step (a_j: input row k0 + 8i + j of word row i),
+    in the input's dtype, from one base pointer per row (j an immediate offset); ok: a scalar
+    mask (a prefetch past the split's end loads nothing)."""
+    rows = a_ptr + (k0 + tl.arange(0, BLOCK_K // 8) * 8) * stride_ak
+    return (tl.load(rows, mask=ok, other=0.0), tl.load(rows + stride_ak, mask=ok, other=0.0),
+            tl.load(rows + 2 * stride_ak, mask=ok, other=0.0), tl.load(rows + 3 * stride_ak, mask=ok, other=0.0),
+            tl.load(rows + 4 * stride_ak, mask=ok, other=0.0), tl.load(rows + 5 * stride_ak, mask=ok, other=0.0),
+            tl.load(rows + 6 * stride_ak, mask=ok, other=0.0), tl.load(rows + 7 * stride_ak, mask=ok, other=0.0))
+
+
+@triton.jit
+def _gemv_denormal_step(packed, acts, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_K / 8, BLOCK_N] float32 like _gemv_flat_step, two instructions per weight: an AND
     keeps nibble j where it lies in the word, and the bits read as a float32 with a zero exponent
     field, a denormal equal to q * 2^(p - 149) exactly (p: the nibble's lowest bit, at most 19, so
     the field stays zero); one FMA multiplies it by a_j 2^(S - p) (S = DENORMAL_SHIFT, the power
     chosen per nibble once per word row, not per weight), so every product is a_j q 2^(S - 149), a
     normal float. Nibbles 5..7 (bits 20..31) are read from the word shifted right by 12 (one shift
-    per word). The GPU's FMA takes denormal operands at full rate (Triton does not flush them)."""
-    rk8 = tl.arange(0, BLOCK_K // 8)
+    per word). The GPU's FMA takes denormal operands at full rate (Triton does not flush them).
+    packed: the step's words; acts: _denormal_acts; s, z: the group's scale and zero point."""
     bits = packed.to(tl.uint32, bitcast=True)  # [BLOCK_K / 8, BLOCK_N] words of K rows k0 .. k0 + BLOCK_K
     high = bits >> 12  # nibbles 3..7 at bits 0..19
-    s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-    a_rows = a_ptr + (k0 + rk8 * 8) * stride_ak  # [BLOCK_K / 8] pointers to each word row's 8 inputs
     part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # 2^(S - 149) sum_j a_j q_j
     a_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
     for j in tl.static_range(8):  # nibble j of word i is input row k0 + 8i + j
-        a = tl.load(a_rows + j * stride_ak).to(tl.float32)  # one base per row, j an immediate offset
+        a = acts[j].to(tl.float32)
         a_sum += a
         if j < 5:
             f = (bits & (0xF << (4 * j))).to(tl.float32, bitcast=True)
@@ -95,43 +104,60 @@ def _gemv_denormal_step(packed, a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, r
 
 
 @triton.jit
+def _denormal_words(qw_ptr, k0, stride_qk, rn, ok, BLOCK_K: tl.constexpr):
+    """[BLOCK_K / 8, BLOCK_N] int32: the words of K rows k0 .. k0 + BLOCK_K (ok: [BLOCK_N] mask)."""
+    rk8 = tl.arange(0, BLOCK_K // 8)
+    return tl.load(qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :], mask=ok[None, :], other=0)
+
+
+@triton.jit
 def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
                         GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         PREFETCH: tl.constexpr):
     """[BLOCK_K / 8, BLOCK_N] float32: the denormal steps over K rows k_start .. k_end. K is a
     multiple of the group (the launcher checks), so of BLOCK_K: no word row is out of range.
-    PREFETCH: each step's words are loaded PREFETCH steps ahead (1 or 2 loads in flight while
-    the FMAs run), not at its start (0)."""
-    rk8 = tl.arange(0, BLOCK_K // 8)
+    PREFETCH: each step's words are loaded 1 or 2 steps ahead, not at the step's start (0);
+    3: the words, the activations and the group's scale one step ahead."""
     acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-    if PREFETCH == 2:  # two steps ahead
-        packed = tl.load(qw_ptr + (k_start // 8 + rk8)[:, None] * stride_qk + rn[None, :],
-                         mask=n_ok[None, :] & (k_start < k_end), other=0)
-        second = tl.load(qw_ptr + ((k_start + BLOCK_K) // 8 + rk8)[:, None] * stride_qk + rn[None, :],
-                         mask=n_ok[None, :] & (k_start + BLOCK_K < k_end), other=0)
+    if PREFETCH == 3:
+        ok = k_start < k_end
+        packed = _denormal_words(qw_ptr, k_start, stride_qk, rn, n_ok & ok, BLOCK_K)
+        acts = _denormal_acts(a_ptr, k_start, stride_ak, ok, BLOCK_K)
+        s, z = _group_scale_zero(s_ptr, z_ptr, k_start // GROUP, stride_sg, rn, n_ok & ok, HAS_ZEROS, BLOCK_N)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            k1 = k0 + BLOCK_K
+            ok1 = k1 < k_end
+            packed1 = _denormal_words(qw_ptr, k1, stride_qk, rn, n_ok & ok1, BLOCK_K)
+            acts1 = _denormal_acts(a_ptr, k1, stride_ak, ok1, BLOCK_K)
+            s1, z1 = _group_scale_zero(s_ptr, z_ptr, k1 // GROUP, stride_sg, rn, n_ok & ok1, HAS_ZEROS, BLOCK_N)
+            acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
+            packed, acts, s, z = packed1, acts1, s1, z1
+    elif PREFETCH == 2:  # two steps ahead
+        packed = _denormal_words(qw_ptr, k_start, stride_qk, rn, n_ok & (k_start < k_end), BLOCK_K)
+        second = _denormal_words(qw_ptr, k_start + BLOCK_K, stride_qk, rn, n_ok & (k_start + BLOCK_K < k_end), BLOCK_K)
         for k0 in range(k_start, k_end, BLOCK_K):
             k2 = k0 + 2 * BLOCK_K
-            third = tl.load(qw_ptr + (k2 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
-                            mask=n_ok[None, :] & (k2 < k_end), other=0)
-            acc_rows += _gemv_denormal_step(packed, a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, rn, n_ok,
-                                            GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
+            third = _denormal_words(qw_ptr, k2, stride_qk, rn, n_ok & (k2 < k_end), BLOCK_K)
+            s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
+            acts = _denormal_acts(a_ptr, k0, stride_ak, True, BLOCK_K)
+            acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
             packed = second
             second = third
     elif PREFETCH:
-        packed = tl.load(qw_ptr + (k_start // 8 + rk8)[:, None] * stride_qk + rn[None, :],
-                         mask=n_ok[None, :] & (k_start < k_end), other=0)
+        packed = _denormal_words(qw_ptr, k_start, stride_qk, rn, n_ok & (k_start < k_end), BLOCK_K)
         for k0 in range(k_start, k_end, BLOCK_K):
             k1 = k0 + BLOCK_K
-            following = tl.load(qw_ptr + (k1 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
-                                mask=n_ok[None, :] & (k1 < k_end), other=0)
-            acc_rows += _gemv_denormal_step(packed, a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, rn, n_ok,
-                                            GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
+            following = _denormal_words(qw_ptr, k1, stride_qk, rn, n_ok & (k1 < k_end), BLOCK_K)
+            s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
+            acts = _denormal_acts(a_ptr, k0, stride_ak, True, BLOCK_K)
+            acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
             packed = following
     else:
         for k0 in range(k_start, k_end, BLOCK_K):
-            packed = tl.load(qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :], mask=n_ok[None, :], other=0)
-            acc_rows += _gemv_denormal_step(packed, a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, rn, n_ok,
-                                            GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
+            packed = _denormal_words(qw_ptr, k0, stride_qk, rn, n_ok, BLOCK_K)
+            s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
+            acts = _denormal_acts(a_ptr, k0, stride_ak, True, BLOCK_K)
+            acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
     return acc_rows
 
 
@@ -185,7 +211,7 @@ def _w4a16_gemv_kernel(
     REDUCE: tl.constexpr,
     MAGIC: tl.constexpr,
     STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal
-    PREFETCH: tl.constexpr,  # STEP 2: load each step's words 0, 1 or 2 steps ahead
+    PREFETCH: tl.constexpr,  # STEP 2: words 0, 1 or 2 steps ahead; 3: words, activations, scales 1 ahead
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
