@@ -76,8 +76,6 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
         configs.append(("default n64", n64))
         n256 = {**default, "BLOCK_N": 256, "SPLIT_K": gemv_split_k(n, k, 256, default["BLOCK_K"], _sms(device))}
         configs.append(("default n256", n256))
-        configs.append(("default prefetch 2", {**default, "PREFETCH": 2}))
-        configs.append(("default prefetch all", {**default, "PREFETCH": 3}))
         configs.append(("default split x2", {**default, "SPLIT_K": default["SPLIT_K"] * 2}))
         configs.append(("default split /2", {**default, "SPLIT_K": max(1, default["SPLIT_K"] // 2)}))
         for block_n, warps in ((256, 4), (256, 8), (64, 2), (128, 2), (512, 8)) if sweep else ():

@@ -64,15 +64,13 @@ DENORMAL_UNSCALE = tl.constexpr(2.0 ** (149 - 64))  # 2^(149 - DENORMAL_SHIFT)
 
 
 @triton.jit
-def _denormal_acts(a_ptr, k0, stride_ak, ok, BLOCK_K: tl.constexpr):
+def _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K: tl.constexpr):
     """The 8 activation vectors [BLOCK_K / 8] of a step (a_j: input row k0 + 8i + j of word row i),
-    in the input's dtype, from one base pointer per row (j an immediate offset); ok: a scalar
-    mask (a prefetch past the split's end loads nothing)."""
+    in the input's dtype, from one base pointer per row (j an immediate offset)."""
     rows = a_ptr + (k0 + tl.arange(0, BLOCK_K // 8) * 8) * stride_ak
-    return (tl.load(rows, mask=ok, other=0.0), tl.load(rows + stride_ak, mask=ok, other=0.0),
-            tl.load(rows + 2 * stride_ak, mask=ok, other=0.0), tl.load(rows + 3 * stride_ak, mask=ok, other=0.0),
-            tl.load(rows + 4 * stride_ak, mask=ok, other=0.0), tl.load(rows + 5 * stride_ak, mask=ok, other=0.0),
-            tl.load(rows + 6 * stride_ak, mask=ok, other=0.0), tl.load(rows + 7 * stride_ak, mask=ok, other=0.0))
+    return (tl.load(rows), tl.load(rows + stride_ak), tl.load(rows + 2 * stride_ak), tl.load(rows + 3 * stride_ak),
+            tl.load(rows + 4 * stride_ak), tl.load(rows + 5 * stride_ak), tl.load(rows + 6 * stride_ak),
+            tl.load(rows + 7 * stride_ak))
 
 
 @triton.jit
@@ -116,47 +114,24 @@ def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, 
                         PREFETCH: tl.constexpr):
     """[BLOCK_K / 8, BLOCK_N] float32: the denormal steps over K rows k_start .. k_end. K is a
     multiple of the group (the launcher checks), so of BLOCK_K: no word row is out of range.
-    PREFETCH: each step's words are loaded 1 or 2 steps ahead, not at the step's start (0);
-    3: the words, the activations and the group's scale one step ahead."""
+    PREFETCH: each step's words are loaded during the step before (one load in flight while the
+    FMAs run), not at its start. (Session 8 measured and dropped two more: words two steps ahead,
+    and activations and scales one step ahead too: equal or slower.)"""
     acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
-    if PREFETCH == 3:
-        ok = k_start < k_end
-        packed = _denormal_words(qw_ptr, k_start, stride_qk, rn, n_ok & ok, BLOCK_K)
-        acts = _denormal_acts(a_ptr, k_start, stride_ak, ok, BLOCK_K)
-        s, z = _group_scale_zero(s_ptr, z_ptr, k_start // GROUP, stride_sg, rn, n_ok & ok, HAS_ZEROS, BLOCK_N)
-        for k0 in range(k_start, k_end, BLOCK_K):
-            k1 = k0 + BLOCK_K
-            ok1 = k1 < k_end
-            packed1 = _denormal_words(qw_ptr, k1, stride_qk, rn, n_ok & ok1, BLOCK_K)
-            acts1 = _denormal_acts(a_ptr, k1, stride_ak, ok1, BLOCK_K)
-            s1, z1 = _group_scale_zero(s_ptr, z_ptr, k1 // GROUP, stride_sg, rn, n_ok & ok1, HAS_ZEROS, BLOCK_N)
-            acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
-            packed, acts, s, z = packed1, acts1, s1, z1
-    elif PREFETCH == 2:  # two steps ahead
-        packed = _denormal_words(qw_ptr, k_start, stride_qk, rn, n_ok & (k_start < k_end), BLOCK_K)
-        second = _denormal_words(qw_ptr, k_start + BLOCK_K, stride_qk, rn, n_ok & (k_start + BLOCK_K < k_end), BLOCK_K)
-        for k0 in range(k_start, k_end, BLOCK_K):
-            k2 = k0 + 2 * BLOCK_K
-            third = _denormal_words(qw_ptr, k2, stride_qk, rn, n_ok & (k2 < k_end), BLOCK_K)
-            s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-            acts = _denormal_acts(a_ptr, k0, stride_ak, True, BLOCK_K)
-            acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
-            packed = second
-            second = third
-    elif PREFETCH:
+    if PREFETCH:
         packed = _denormal_words(qw_ptr, k_start, stride_qk, rn, n_ok & (k_start < k_end), BLOCK_K)
         for k0 in range(k_start, k_end, BLOCK_K):
             k1 = k0 + BLOCK_K
             following = _denormal_words(qw_ptr, k1, stride_qk, rn, n_ok & (k1 < k_end), BLOCK_K)
             s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-            acts = _denormal_acts(a_ptr, k0, stride_ak, True, BLOCK_K)
+            acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
             acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
             packed = following
     else:
         for k0 in range(k_start, k_end, BLOCK_K):
             packed = _denormal_words(qw_ptr, k0, stride_qk, rn, n_ok, BLOCK_K)
             s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-            acts = _denormal_acts(a_ptr, k0, stride_ak, True, BLOCK_K)
+            acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
             acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
     return acc_rows
 
@@ -211,7 +186,7 @@ def _w4a16_gemv_kernel(
     REDUCE: tl.constexpr,
     MAGIC: tl.constexpr,
     STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal
-    PREFETCH: tl.constexpr,  # STEP 2: words 0, 1 or 2 steps ahead; 3: words, activations, scales 1 ahead
+    PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
