@@ -211,11 +211,12 @@ def _w4a16_gemv_kernel(
     if STEP == 2:
         acc_rows = _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
                                        rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH)
-    for k0 in range(k_start, k_end if STEP != 2 else k_start, BLOCK_K):
-        if STEP == 1:
+    elif STEP == 1:
+        for k0 in range(k_start, k_end, BLOCK_K):
             acc_rows += _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
                                         rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
-        else:
+    else:
+        for k0 in range(k_start, k_end, BLOCK_K):
             acc += _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
                                    rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, MAGIC)
     if STEP != 0:
