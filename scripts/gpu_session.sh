@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits pdl-ab pdl-tests ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -89,6 +89,18 @@ decode-splits) part decode-splits  # issues 11, 13: batch-1 decode with the spli
     FOLIO_DECODE_MIN_SPLIT_TOKENS=$T timeout 120 python3 -m folio.benchmarks.quantization decode --model $QWEN --dtype bfloat16 \
       --schemes baseline 2>&1 | grep -E "^\| baseline" | sed 's/baseline/qwen3-0.6b bf16/'
   done ;;
+pdl-ab) part pdl-ab  # issues 11, 13: batch-1 decode with programmatic dependent launch (the default on Hopper) and without
+  for P in ${PDL_VALUES:-1 0}; do
+    echo "--- FOLIO_PDL=$P"
+    FOLIO_PDL=$P timeout 200 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
+      --schemes ${PDL_SCHEMES:-baseline,int4-rtn} 2>&1 | grep -E "^\| (baseline|int4|fp8)"
+    FOLIO_PDL=$P timeout 120 python3 -m folio.benchmarks.quantization decode --model $QWEN --dtype bfloat16 \
+      --schemes baseline 2>&1 | grep -E "^\| baseline" | sed 's/baseline/qwen3-0.6b bf16/'
+  done ;;
+pdl-tests) part pdl-tests  # the kernels that take PDL, on the GPU (eager, graph replay, the engine's CUDA graphs)
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_w4a16_gemm.py \
+    tests/kernels/test_paged_decode.py tests/kernels/test_rms_norm.py tests/kernels/test_activation.py \
+    tests/kernels/test_qk_norm_rope.py tests/worker 2>&1 | tail -15 | tee "$OUT/pdl-tests.txt" ;;
 ncu-gemv) part ncu-gemv  # issue 13: Nsight Compute counters of the W4A16 GEMV (denormal, then flat K steps) at the 8B's QKV shape
   timeout 300 ncu --clock-control none --kernel-name regex:_w4a16_gemv_kernel --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \

@@ -8,7 +8,17 @@ dtype, then the product rounded.
 
 import torch
 
-from folio.kernels.triton_compat import check_dtype, check_same_device, next_power_of_2, tl, triton, use_triton_for
+from folio.kernels.triton_compat import (
+    check_dtype,
+    check_same_device,
+    gdc_launch_dependents,
+    gdc_wait,
+    next_power_of_2,
+    pdl_launch,
+    tl,
+    triton,
+    use_triton_for,
+)
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -20,7 +30,11 @@ def _silu_and_mul_kernel(
     x_stride_t,
     INTER: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (triton_compat.pdl_launch)
 ):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTER
@@ -49,7 +63,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:  # [tokens, 2 * inter]
         return out
     block = min(next_power_of_2(inter), 1024)
     grid = (num_tokens, -(-inter // block))
-    _silu_and_mul_kernel[grid](out, x, x.stride(0), INTER=inter, BLOCK=block, num_warps=4)
+    _silu_and_mul_kernel[grid](out, x, x.stride(0), INTER=inter, BLOCK=block, num_warps=4, **pdl_launch(x))
     return out
 
 

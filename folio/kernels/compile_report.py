@@ -1,12 +1,16 @@
 """Compile every kernel for Hopper (sm_90) on any machine, GPU or not, and report its resources.
 
-    python -m folio.kernels.compile_report [--arch 90] [--dump DIR]
+    python -m folio.kernels.compile_report [--arch 90] [--pdl] [--dump DIR]
 
 Drives the real launchers at the W1 shapes of Qwen3-0.6B (with CPU tensors standing in for
 device ones: only their dtypes, shapes and alignment matter) but compiles instead of launching,
 then reads each cubin: registers, spills, shared memory, 16-byte global loads and tensor-core
 instructions (HMMA / HGMMA). This is the "read what costs no device time" step: compile errors
 the interpreter cannot see show up here, and so do spills and narrow loads.
+With --pdl the kernels that take programmatic dependent launch compile as they launch on Hopper,
+and the last column says where their griddepcontrol.wait sits: "wait" (before every global store
+and atomic), "ld+wait" (a global load, the prefetch of weights, issued ahead of it) or "STORE"
+(a store ahead of the wait: a race with the kernel before).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Report:
     wide_loads: int  # 16-byte global loads (LDG.E.128) or async copies (LDGSTS ... .128)
     narrow_loads: int  # other global loads
     mma: str  # HGMMA, HMMA or none
+    pdl: str  # where griddepcontrol.wait sits: "-" (none), "wait", "ld+wait", "STORE"
 
 
 def _compile_instead_of_launch(arch: int, results: list):
@@ -72,10 +77,20 @@ def _allow_cpu_stand_ins() -> None:
         rotary,
     )
 
+    from folio.kernels import qk_norm_rope, w4a16_gemm
+
     modules = (activation, gumbel_sample, paged_attention, paged_decode, prefill_attention, reshape_and_cache,
-               rms_norm, rotary, lora_shrink, lora_expand, grammar_mask)
+               rms_norm, rotary, lora_shrink, lora_expand, grammar_mask, qk_norm_rope, w4a16_gemm)
     for module in modules:
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
+
+
+def _launch_with_pdl() -> None:
+    """Launchers pass PDL as they would on a Hopper GPU (CPU stand-ins otherwise turn it off)."""
+    from folio.kernels import activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm
+
+    for module in (activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm):
+        module.pdl_launch = lambda _x: {"PDL": True, "launch_pdl": True}
 
 
 def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
@@ -115,6 +130,7 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
     cases.append("16 q + 8 k heads")
     silu_and_mul_triton(torch.zeros(t, 2 * 3072, dtype=dtype))
     cases.append("inter 3072")
+    cases += _launch_decode_extras(dtype, q, kv, t)
     from folio.kernels.gumbel_sample import gumbel_sample
 
     gumbel_sample(torch.zeros(256, 151936), torch.zeros(256, dtype=torch.int64), torch.ones(256), num_sms=132)
@@ -131,6 +147,27 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
                                torch.arange(t))
     cases.append("grammar mask vocab 151936")
     return cases + _launch_lora(dtype)
+
+
+def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor, t: int) -> list[str]:
+    """Qwen3's fused q/k norm + rotary + cache write, and the one-token W4A16 GEMV (Llama-3.1-8B's
+    QKV shape) where the dtype is a 16-bit one."""
+    from folio.kernels.qk_norm_rope import KVWrite, qk_norm_rope_triton
+
+    qkv = torch.zeros(t, (HEADS + 2 * KV_HEADS) * DIM, dtype=dtype)
+    q_part, k_part = qkv[:, : HEADS * DIM], qkv[:, HEADS * DIM : (HEADS + KV_HEADS) * DIM]
+    write = KVWrite(qkv[:, (HEADS + KV_HEADS) * DIM :], kv, torch.zeros(t, dtype=torch.int64))
+    qk_norm_rope_triton(q_part, k_part, torch.zeros(t, dtype=torch.int64), torch.zeros(4096, DIM, dtype=dtype), DIM,
+                        torch.zeros(DIM, dtype=dtype), torch.zeros(DIM, dtype=dtype), cache=write)
+    cases = ["q/k norm + rotary + cache"]
+    if dtype != torch.float32:
+        from folio.kernels.w4a16_gemm import w4a16_gemm_triton
+
+        k, n = 4096, 6144
+        w4a16_gemm_triton(torch.zeros(1, k, dtype=dtype), torch.zeros(k // 8, n, dtype=torch.int32),
+                          torch.zeros(k // 128, n), None, 128)
+        cases.append("w4a16 M=1 4096x6144")
+    return cases
 
 
 def _launch_lora(dtype: torch.dtype) -> list[str]:
@@ -175,7 +212,17 @@ def _inspect(name: str, case: str, kernel, dump: str | None) -> Report:
     loads = re.findall(r"\b(LDG\S*|LDGSTS\S*)", sass)
     wide = sum(".128" in op for op in loads)
     mma = "HGMMA" if "HGMMA" in sass else "HMMA" if "HMMA" in sass else "none"
-    return Report(name, case, regs, stack, kernel.metadata.shared, wide, len(loads) - wide, mma)
+    return Report(name, case, regs, stack, kernel.metadata.shared, wide, len(loads) - wide, mma, _pdl_order(sass))
+
+
+def _pdl_order(sass: str) -> str:
+    """Where griddepcontrol.wait (SASS ACQBULK) sits among the global memory instructions."""
+    before, wait, _ = sass.partition("ACQBULK")
+    if not wait:
+        return "-"
+    if re.search(r"\b(STG|ST\.E|ATOMG|ATOM\.E|RED\.E)", before):
+        return "STORE"
+    return "ld+wait" if re.search(r"\bLDG", before) else "wait"
 
 
 def main() -> None:
@@ -184,17 +231,21 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--sweep", action="store_true", help="also the prefill kernel's swept tile configs")
     parser.add_argument("--dump", default=None, help="write PTX, SASS and TTGIR of every kernel here")
+    parser.add_argument("--pdl", action="store_true", help="compile with programmatic dependent launch")
     args = parser.parse_args()
     results: list = []
     _compile_instead_of_launch(args.arch, results)
     _allow_cpu_stand_ins()
+    if args.pdl:
+        _launch_with_pdl()
     cases = _launch_all(getattr(torch, args.dtype), args.sweep)
     reports = [_inspect(name, case, k, args.dump) for (name, k), case in zip(results, cases)]
     print(f"sm_{args.arch}, {args.dtype}")
-    print(f"{'kernel':<28} {'case':<26} {'regs':>5} {'stack':>6} {'smem':>7} {'ld128':>6} {'ld<128':>7} {'mma':>6}")
+    print(f"{'kernel':<28} {'case':<26} {'regs':>5} {'stack':>6} {'smem':>7} {'ld128':>6} {'ld<128':>7} {'mma':>6} "
+          f"{'pdl':>8}")
     for r in reports:
         print(f"{r.name:<28} {r.case:<26} {r.registers:>5} {r.spill_bytes:>6} {r.shared_bytes:>7} "
-              f"{r.wide_loads:>6} {r.narrow_loads:>7} {r.mma:>6}")
+              f"{r.wide_loads:>6} {r.narrow_loads:>7} {r.mma:>6} {r.pdl:>8}")
 
 
 if __name__ == "__main__":

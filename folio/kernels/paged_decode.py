@@ -26,7 +26,15 @@ import os
 import torch
 
 from folio.kernels.paged_attention import LOG2_E, TileConfig, check_attention_inputs, check_output, dot_precision
-from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
+from folio.kernels.triton_compat import (
+    check_same_device,
+    gdc_launch_dependents,
+    gdc_wait,
+    next_power_of_2,
+    pdl_launch,
+    tl,
+    triton,
+)
 
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 4  # decode programs wanted per SM in the grid (see choose_num_splits)
@@ -78,7 +86,11 @@ def _paged_decode_kernel(
     NUM_SPLITS: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (triton_compat.pdl_launch)
 ):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -169,7 +181,11 @@ def _merge_splits_kernel(
     TILE_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     seq = tl.program_id(0)
     head = tl.program_id(1)
     q_start = tl.load(query_start_loc_ptr + seq)
@@ -288,6 +304,7 @@ def paged_decode(
         DOT_PRECISION=dot_precision(query.dtype),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **pdl_launch(query),
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
@@ -307,6 +324,7 @@ def paged_decode(
             NUM_SPLITS=num_splits,
             SLIDING_WINDOW=sliding_window or 0,
             num_warps=4,
+            **pdl_launch(query),
         )
     return out
 

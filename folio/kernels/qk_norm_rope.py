@@ -30,7 +30,15 @@ from folio.kernels.reshape_and_cache import _check as _check_kv
 from folio.kernels.rotary import _check as _check_rotary
 from folio.kernels.rotary import _cos_sin, _rotate_heads, rotary_reference
 from folio.kernels.rms_norm import rms_norm_reference
-from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
+from folio.kernels.triton_compat import (
+    check_same_device,
+    gdc_launch_dependents,
+    gdc_wait,
+    next_power_of_2,
+    pdl_launch,
+    tl,
+    triton,
+)
 
 
 @triton.jit
@@ -86,6 +94,7 @@ def _qk_norm_rope_kernel(
     IS_FP8: tl.constexpr,
     WRITE_KV: tl.constexpr,
     NORM: tl.constexpr,  # False: rotary (+ the K/V store) only, for models without head norms
+    PDL: tl.constexpr,  # programmatic dependent launch: only the norm weights are read before gdc_wait
 ):
     token = tl.program_id(0).to(tl.int64)
     q_base = q_ptr + token * q_stride_t
@@ -94,6 +103,10 @@ def _qk_norm_rope_kernel(
         cols = tl.arange(0, D_PAD)
         q_w = tl.load(q_weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
         k_w = tl.load(k_weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    if NORM:
         _norm_heads(q_base, q_stride_h, q_w, q_eps, NUM_Q_HEADS, Q_HEADS_PAD, D, D_PAD)
         _norm_heads(k_base, k_stride_h, k_w, k_eps, NUM_K_HEADS, K_HEADS_PAD, D, D_PAD)
         tl.debug_barrier()  # the rotation reads back what other threads of this program stored
@@ -150,6 +163,7 @@ def qk_norm_rope_triton(
         **kv,
         NORM=norm,
         num_warps=4,
+        **pdl_launch(q3),
         enable_fp_fusion=False,  # as the rotary kernel: each product rounded (see rotary.py)
     )
     return q, k

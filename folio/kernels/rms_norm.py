@@ -14,7 +14,17 @@ rounded again, so the GPU path reproduces the CPU path's values.
 
 import torch
 
-from folio.kernels.triton_compat import check_dtype, check_same_device, next_power_of_2, tl, triton, use_triton_for
+from folio.kernels.triton_compat import (
+    check_dtype,
+    check_same_device,
+    gdc_launch_dependents,
+    gdc_wait,
+    next_power_of_2,
+    pdl_launch,
+    tl,
+    triton,
+    use_triton_for,
+)
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -35,12 +45,17 @@ def _rms_norm_kernel(
     HIDDEN: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch: the weight is read before gdc_wait
 ):
     row = tl.program_id(0).to(tl.int64)
     i, j = row // inner, row % inner
     cols = tl.arange(0, BLOCK)
     mask = cols < HIDDEN
     dtype = x_ptr.dtype.element_ty
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     x = tl.load(x_ptr + i * x_stride_0 + j * x_stride_1 + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + i * r_stride_0 + j * r_stride_1 + cols, mask=mask, other=0.0)
@@ -50,7 +65,6 @@ def _rms_norm_kernel(
     variance = tl.sum(x * x, 0) / HIDDEN
     rstd = tl.div_rn(1.0, tl.sqrt_rn(variance + eps))
     normed = (x * rstd).to(dtype).to(tl.float32)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * HIDDEN + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -100,6 +114,7 @@ def rms_norm_triton(
             BLOCK=block,
             HAS_RESIDUAL=residual is not None,
             num_warps=min(max(block // 256, 1), 8),
+            **pdl_launch(x),
         )
     return (out, residual_out) if residual is not None else out
 

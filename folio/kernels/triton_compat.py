@@ -7,6 +7,11 @@
   any kernel file is imported, unless the user chose otherwise (TRITON_INTERPRET set already).
 - `FOLIO_TRITON_KERNELS=0` switches every Triton kernel off: the dispatchers then take the torch
   reference even on CUDA tensors (the plain path, for bisecting a numerical difference).
+- Programmatic dependent launch (PDL, Hopper and later): the decode-path kernels may start while
+  the kernel before them finishes (`pdl_launch`); each such kernel calls `gdc_wait()` before it
+  reads anything an earlier kernel wrote and before its first store (only weights and other
+  constants may be read before the wait), and `gdc_launch_dependents()` to let the next one
+  start. `FOLIO_PDL=0` launches every kernel in plain stream order.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ try:
     import triton.language as tl
 
     HAS_TRITON = True
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401 (kernels import these)
 except ImportError:  # a CPU-only install: references only
     HAS_TRITON = False
 
@@ -51,8 +57,11 @@ except ImportError:  # a CPU-only install: references only
 
     triton = _Missing()  # type: ignore[assignment]
     tl = _Missing()  # type: ignore[assignment]
+    gdc_wait = gdc_launch_dependents = None  # type: ignore[assignment]
 
 USE_TRITON = HAS_TRITON and os.environ.get("FOLIO_TRITON_KERNELS", "1") != "0"
+USE_PDL = os.environ.get("FOLIO_PDL", "1") != "0"
+_PDL_DEVICES: dict[int, bool] = {}
 
 
 def _fix_interpreter_scalar_index() -> None:
@@ -141,6 +150,19 @@ if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1":
 def use_triton_for(x: torch.Tensor) -> bool:
     """Whether the dispatchers send this tensor to a Triton kernel (CUDA only; never the interpreter)."""
     return USE_TRITON and x.is_cuda
+
+
+def pdl_launch(x: torch.Tensor) -> dict[str, bool]:
+    """Launch arguments for a kernel that takes the constexpr PDL: programmatic dependent launch
+    on a CUDA device of compute capability >= 9 (unless FOLIO_PDL=0), plain launch otherwise
+    (the interpreter, older GPUs). With PDL the kernel may start before the one ahead of it in the
+    stream has finished; its gdc_wait() holds it until that kernel's writes are visible."""
+    if not (USE_PDL and HAS_TRITON and x.is_cuda):
+        return {"PDL": False}
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if index not in _PDL_DEVICES:
+        _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return {"PDL": True, "launch_pdl": True} if _PDL_DEVICES[index] else {"PDL": False}
 
 
 def set_triton_kernels(enabled: bool) -> bool:

@@ -23,7 +23,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from folio.kernels.triton_compat import check_same_device, tl, triton, use_triton_for
+from folio.kernels.triton_compat import check_same_device, pdl_launch, tl, triton, use_triton_for
 from folio.kernels.w4a16_gemv import (  # noqa: F401 (gemv_split_k: re-exported for the benchmark)
     _group_scale_zero,
     _split_counters,
@@ -234,7 +234,7 @@ def w4a16_gemm_triton(
             x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
             result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, **launch,
+            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, **launch, **pdl_launch(x),
         )
         if reduce:
             return result  # [1, N]

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from folio.kernels.triton_compat import tl, triton
+from folio.kernels.triton_compat import gdc_launch_dependents, gdc_wait, tl, triton
 
 
 @triton.jit
@@ -111,15 +111,21 @@ def _denormal_words(qw_ptr, k0, stride_qk, rn, ok, BLOCK_K: tl.constexpr):
 @triton.jit
 def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
                         GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PREFETCH: tl.constexpr):
+                        PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """[BLOCK_K / 8, BLOCK_N] float32: the denormal steps over K rows k_start .. k_end. K is a
     multiple of the group (the launcher checks), so of BLOCK_K: no word row is out of range.
     PREFETCH: each step's words are loaded during the step before (one load in flight while the
     FMAs run), not at its start. (Session 8 measured and dropped two more: words two steps ahead,
-    and activations and scales one step ahead too: equal or slower.)"""
+    and activations and scales one step ahead too: equal or slower.)
+    PDL (with PREFETCH): the first step's words, which no kernel writes, are loaded before
+    gdc_wait, so under programmatic dependent launch they stream in while the kernel ahead (the
+    norm or activation that writes this GEMV's input) still runs."""
     acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
     if PREFETCH:
         packed = _denormal_words(qw_ptr, k_start, stride_qk, rn, n_ok & (k_start < k_end), BLOCK_K)
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         for k0 in range(k_start, k_end, BLOCK_K):
             k1 = k0 + BLOCK_K
             following = _denormal_words(qw_ptr, k1, stride_qk, rn, n_ok & (k1 < k_end), BLOCK_K)
@@ -187,6 +193,7 @@ def _w4a16_gemv_kernel(
     MAGIC: tl.constexpr,
     STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal
     PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -199,7 +206,12 @@ def _w4a16_gemv_kernel(
     instructions per weight in all, not waiting on memory).
     REDUCE: the last of a column tile's SPLIT_K programs to finish (a counter per tile, taken
     with acq_rel after a barrier) adds the tile's partials in split order and writes the output,
-    then zeroes the counter: one launch per GEMM instead of two."""
+    then zeroes the counter: one launch per GEMM instead of two.
+    PDL: nothing but weights is read, and nothing written, before gdc_wait (for the denormal step
+    with PREFETCH, inside _gemv_denormal_loop after its first words; otherwise here)."""
+    if PDL and not (STEP == 2 and PREFETCH):
+        gdc_wait()
+        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -210,7 +222,7 @@ def _w4a16_gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     if STEP == 2:
         acc_rows = _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
-                                       rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH)
+                                       rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH, PDL)
     elif STEP == 1:
         for k0 in range(k_start, k_end, BLOCK_K):
             acc_rows += _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,

@@ -18,24 +18,63 @@ pytest.importorskip("triton")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_every_kernel_compiles_for_sm90_without_spills():
+def _report(*args: str) -> list[list[str]]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "folio.kernels.compile_report"], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "folio.kernels.compile_report", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("_")]
+    return [line.split() for line in proc.stdout.splitlines() if line.startswith("_")]
+
+
+def test_every_kernel_compiles_for_sm90_without_spills():
+    rows = _report()
     kernels = {row[0] for row in rows}
     assert kernels == {
         "_reshape_and_cache_kernel", "_unified_attention_kernel", "_paged_decode_kernel",
         "_merge_splits_kernel", "_rms_norm_kernel", "_rotary_kernel", "_silu_and_mul_kernel",
         "_lora_shrink_kernel", "_lora_expand_kernel",
         "_prefill_attention_kernel", "_gumbel_sample_kernel",
-        "_apply_bitmask_kernel",
+        "_apply_bitmask_kernel", "_qk_norm_rope_kernel", "_w4a16_gemv_kernel",
     }
     for row in rows:
-        regs, stack = int(row[-6]), int(row[-5])
+        regs, stack = int(row[-7]), int(row[-6])
         assert regs > 0 and stack == 0, f"{row[0]} spills or failed to assemble: {' '.join(row)}"
+        assert row[-1] == "-", f"{row[0]}: griddepcontrol.wait compiled in without --pdl"
     prefill = [row for row in rows if row[0] == "_unified_attention_kernel" and "max_query_len=512" in " ".join(row)]
-    assert prefill and prefill[0][-1] == "HGMMA", "prefill tiles should use Hopper's wgmma"
+    assert prefill and prefill[0][-2] == "HGMMA", "prefill tiles should use Hopper's wgmma"
     prefill_kernel = [row for row in rows if row[0] == "_prefill_attention_kernel"]
-    assert prefill_kernel and prefill_kernel[0][-1] == "HGMMA"
+    assert prefill_kernel and prefill_kernel[0][-2] == "HGMMA"
+
+
+# The kernels of a decode step that take programmatic dependent launch on Hopper.
+PDL_KERNELS = {"_paged_decode_kernel", "_merge_splits_kernel", "_rms_norm_kernel", "_silu_and_mul_kernel",
+               "_qk_norm_rope_kernel", "_w4a16_gemv_kernel"}
+
+
+def test_pdl_kernels_wait_before_any_store_and_the_gemv_loads_weights_first():
+    """Under programmatic dependent launch a kernel starts while the one before it still runs:
+    it must not store (or read what that kernel writes) before griddepcontrol.wait. The SASS
+    order is the check; the W4A16 GEMV issues its first weight loads ahead of the wait (the
+    point of PDL for it), the others at most read weights there."""
+    rows = _report("--pdl")
+    for row in rows:
+        regs, stack = int(row[-7]), int(row[-6])
+        assert regs > 0 and stack == 0, f"{row[0]} spills with PDL: {' '.join(row)}"
+        if row[0] in PDL_KERNELS:
+            assert row[-1] in ("wait", "ld+wait"), f"{row[0]}: {row[-1]} ({' '.join(row)})"
+        else:
+            assert row[-1] == "-", f"{row[0]} has a wait but is not launched with PDL"
+    assert {row[0] for row in rows if row[-1] != "-"} == PDL_KERNELS
+    assert [row[-1] for row in rows if row[0] == "_w4a16_gemv_kernel"] == ["ld+wait"]
+
+
+def test_pdl_order_reads_the_sass():
+    # in a child process: importing compile_report turns the interpreter off for later imports
+    code = (
+        "from folio.kernels.compile_report import _pdl_order as f\n"
+        "print(f('LDG.E.128 R4, [R2]\\nACQBULK ;\\nSTG.E [R6], R4'), f('ACQBULK ;\\nLDG.E R4, [R2]'),\n"
+        "      f('STG.E [R6], R4\\nACQBULK ;'), f('LDG.E R4, [R2]\\nSTG.E [R6], R4'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["ld+wait", "wait", "STORE", "-"]
