@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits pdl-ab pdl-tests ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -96,6 +96,14 @@ pdl-ab) part pdl-ab  # issues 11, 13: batch-1 decode with programmatic dependent
       --schemes ${PDL_SCHEMES:-baseline,int4-rtn} 2>&1 | grep -E "^\| (baseline|int4|fp8)"
     FOLIO_PDL=$P timeout 120 python3 -m folio.benchmarks.quantization decode --model $QWEN --dtype bfloat16 \
       --schemes baseline 2>&1 | grep -E "^\| baseline" | sed 's/baseline/qwen3-0.6b bf16/'
+  done ;;
+decode-ab) part decode-ab  # issues 11, 13: batch-1 decode of the 8B (bf16, INT4) under settings given as VAR=value[,VAR=value] words
+  for V in ${DECODE_AB:-FOLIO_PDL=0 FOLIO_PDL=1 FOLIO_PDL=2}; do
+    echo "--- $V"
+    env ${V//,/ } timeout 200 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
+      --schemes ${DECODE_AB_SCHEMES:-baseline,int4-rtn} 2>&1 | grep -E "^\| (baseline|int4|fp8)"
+    [ -z "${DECODE_AB_QWEN:-}" ] || env ${V//,/ } timeout 120 python3 -m folio.benchmarks.quantization decode --model $QWEN \
+      --dtype bfloat16 --schemes baseline 2>&1 | grep -E "^\| baseline" | sed 's/baseline/qwen3-0.6b bf16/'
   done ;;
 pdl-tests) part pdl-tests  # the kernels that take PDL, on the GPU (eager, graph replay, the engine's CUDA graphs)
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_w4a16_gemm.py \

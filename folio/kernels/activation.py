@@ -11,10 +11,9 @@ import torch
 from folio.kernels.triton_compat import (
     check_dtype,
     check_same_device,
-    gdc_launch_dependents,
-    gdc_wait,
     next_power_of_2,
     pdl_launch,
+    pdl_wait,
     tl,
     triton,
     use_triton_for,
@@ -32,9 +31,7 @@ def _silu_and_mul_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (triton_compat.pdl_launch)
 ):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_wait(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTER

@@ -28,10 +28,9 @@ import torch
 from folio.kernels.paged_attention import LOG2_E, TileConfig, check_attention_inputs, check_output, dot_precision
 from folio.kernels.triton_compat import (
     check_same_device,
-    gdc_launch_dependents,
-    gdc_wait,
     next_power_of_2,
     pdl_launch,
+    pdl_wait,
     tl,
     triton,
 )
@@ -88,9 +87,7 @@ def _paged_decode_kernel(
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (triton_compat.pdl_launch)
 ):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_wait(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -183,9 +180,7 @@ def _merge_splits_kernel(
     SLIDING_WINDOW: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_wait(PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     q_start = tl.load(query_start_loc_ptr + seq)

@@ -32,10 +32,9 @@ from folio.kernels.rotary import _cos_sin, _rotate_heads, rotary_reference
 from folio.kernels.rms_norm import rms_norm_reference
 from folio.kernels.triton_compat import (
     check_same_device,
-    gdc_launch_dependents,
-    gdc_wait,
     next_power_of_2,
     pdl_launch,
+    pdl_wait,
     tl,
     triton,
 )
@@ -103,9 +102,7 @@ def _qk_norm_rope_kernel(
         cols = tl.arange(0, D_PAD)
         q_w = tl.load(q_weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
         k_w = tl.load(k_weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_wait(PDL)
     if NORM:
         _norm_heads(q_base, q_stride_h, q_w, q_eps, NUM_Q_HEADS, Q_HEADS_PAD, D, D_PAD)
         _norm_heads(k_base, k_stride_h, k_w, k_eps, NUM_K_HEADS, K_HEADS_PAD, D, D_PAD)

@@ -17,10 +17,9 @@ import torch
 from folio.kernels.triton_compat import (
     check_dtype,
     check_same_device,
-    gdc_launch_dependents,
-    gdc_wait,
     next_power_of_2,
     pdl_launch,
+    pdl_wait,
     tl,
     triton,
     use_triton_for,
@@ -53,9 +52,7 @@ def _rms_norm_kernel(
     mask = cols < HIDDEN
     dtype = x_ptr.dtype.element_ty
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_wait(PDL)
     x = tl.load(x_ptr + i * x_stride_0 + j * x_stride_1 + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + i * r_stride_0 + j * r_stride_1 + cols, mask=mask, other=0.0)

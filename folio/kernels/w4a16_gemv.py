@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from folio.kernels.triton_compat import gdc_launch_dependents, gdc_wait, tl, triton
+from folio.kernels.triton_compat import pdl_wait, tl, triton
 
 
 @triton.jit
@@ -123,9 +123,7 @@ def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, 
     acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
     if PREFETCH:
         packed = _denormal_words(qw_ptr, k_start, stride_qk, rn, n_ok & (k_start < k_end), BLOCK_K)
-        if PDL:
-            gdc_wait()
-            gdc_launch_dependents()
+        pdl_wait(PDL)
         for k0 in range(k_start, k_end, BLOCK_K):
             k1 = k0 + BLOCK_K
             following = _denormal_words(qw_ptr, k1, stride_qk, rn, n_ok & (k1 < k_end), BLOCK_K)
@@ -140,6 +138,28 @@ def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, 
             acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
             acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
     return acc_rows
+
+
+@triton.jit
+def _prefetch_l2(qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_qk, stride_sg, col0, N, GROUP: tl.constexpr,
+                 HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, L2_ROWS: tl.constexpr,
+                 L2_GROUPS: tl.constexpr):
+    """Ask the L2 for the word rows after the first step's (L2_ROWS of them) and the scales (and
+    zeros) of their groups: one prefetch.global.L2 per 128-byte line, nothing waits on it. Under
+    PDL the program issues this before gdc_wait, so the DRAM streams this GEMV's weights while
+    the kernel ahead still runs. Indices are clamped into the program's slice (no masks: a
+    prefetch takes a valid address), repeating the last line where the slice is shorter."""
+    lines = tl.minimum(col0 + tl.arange(0, BLOCK_N // 32) * 32, N - 1)  # a column per 128 bytes of int32
+    rows = tl.minimum(k_start // 8 + BLOCK_K // 8 + tl.arange(0, L2_ROWS), k_end // 8 - 1)
+    words = qw_ptr + rows[:, None] * stride_qk + lines[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [words], dtype=tl.int32, is_pure=False, pack=1)
+    groups = tl.minimum(k_start // GROUP + tl.arange(0, L2_GROUPS), (k_end - 1) // GROUP)
+    scales = s_ptr + groups[:, None] * stride_sg + lines[None, :]  # float32: 32 per line too
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [scales], dtype=tl.int32, is_pure=False, pack=1)
+    if HAS_ZEROS:  # uint8: a line holds 128 columns
+        zeros = z_ptr + groups * stride_sg + tl.minimum(col0 + tl.arange(0, 1), N - 1)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [zeros], dtype=tl.int32, is_pure=False,
+                                  pack=1)
 
 
 @triton.jit
@@ -194,6 +214,8 @@ def _w4a16_gemv_kernel(
     STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal
     PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
+    L2_ROWS: tl.constexpr,  # word rows after the first step to prefetch into L2 at the start (0: none; GPU only)
+    L2_GROUPS: tl.constexpr,  # scale / zero rows those cover
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -208,10 +230,8 @@ def _w4a16_gemv_kernel(
     with acq_rel after a barrier) adds the tile's partials in split order and writes the output,
     then zeroes the counter: one launch per GEMM instead of two.
     PDL: nothing but weights is read, and nothing written, before gdc_wait (for the denormal step
-    with PREFETCH, inside _gemv_denormal_loop after its first words; otherwise here)."""
-    if PDL and not (STEP == 2 and PREFETCH):
-        gdc_wait()
-        gdc_launch_dependents()
+    with PREFETCH, inside _gemv_denormal_loop after its first words; otherwise here).
+    L2_ROWS: the next steps' weights are prefetched into L2 first (_prefetch_l2)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -220,6 +240,11 @@ def _w4a16_gemv_kernel(
     acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # STEP 1, 2: summed over rows at the end
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    if L2_ROWS > 0:
+        _prefetch_l2(qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_qk, stride_sg, pid_n * BLOCK_N, N, GROUP,
+                     HAS_ZEROS, BLOCK_N, BLOCK_K, L2_ROWS, L2_GROUPS)
+    if not (STEP == 2 and PREFETCH):
+        pdl_wait(PDL)
     if STEP == 2:
         acc_rows = _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
                                        rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH, PDL)
@@ -256,6 +281,17 @@ def _step_from_env() -> int:
 
 
 STEP_DEFAULT = _step_from_env()
+
+
+def l2_prefetch_rows(k_per_split: int, block_k: int, group: int, steps: int, on_gpu: bool) -> tuple[int, int]:
+    """The GEMV's L2_ROWS and L2_GROUPS: the word rows of up to `steps` K steps after the first
+    (fewer if the split has fewer), as a power of two; 0 off the GPU (the interpreter has no
+    inline PTX) or when steps is 0."""
+    rows = min(steps, k_per_split // block_k - 1) * block_k // 8 if on_gpu else 0
+    if rows <= 0:
+        return 0, 1
+    groups = -(-(block_k + 8 * rows) // group)
+    return 1 << (rows - 1).bit_length(), 1 << (groups - 1).bit_length()
 
 
 def gemv_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> int:

@@ -20,14 +20,14 @@ from tests.kernels.test_w4a16_gemm import _random_int4
 
 
 def test_pdl_is_off_for_cpu_tensors():
-    assert triton_compat.pdl_launch(torch.zeros(1)) == {"PDL": False}
+    assert triton_compat.pdl_launch(torch.zeros(1)) == {"PDL": 0}
 
 
 @pytest.mark.gpu
-def test_decode_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monkeypatch):
+@pytest.mark.parametrize("mode", [1, 2], ids=["trigger-after-wait", "trigger-before-wait"])
+def test_decode_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monkeypatch, mode):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs compute capability 9.0")
-    assert triton_compat.pdl_launch(torch.zeros(1, device="cuda"))["PDL"]
     gen = torch.Generator().manual_seed(0)
     hidden, inter, heads, dim, blocks, block_size = 4096, 14336, 32, 128, 64, 16
     norm_w = (torch.rand(hidden, generator=gen) + 0.5).to("cuda", torch.bfloat16)
@@ -50,9 +50,10 @@ def test_decode_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monke
 
     inputs = [tuple(torch.randn(1, hidden, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
               for _ in range(4)]
-    monkeypatch.setattr(triton_compat, "USE_PDL", False)
+    monkeypatch.setattr(triton_compat, "USE_PDL", 0)
     plain = [step(x, r) for x, r in inputs]
-    monkeypatch.setattr(triton_compat, "USE_PDL", True)
+    monkeypatch.setattr(triton_compat, "USE_PDL", mode)
+    assert triton_compat.pdl_launch(torch.zeros(1, device="cuda"))["PDL"] == mode
     eager = [step(x, r) for x, r in inputs]
     static_x, static_r = (t.clone() for t in inputs[0])
     step(static_x, static_r)  # compile and size the split-K counters before capture
