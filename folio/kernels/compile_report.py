@@ -91,9 +91,6 @@ def _launch_with_pdl() -> None:
 
     for module in (activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm):
         module.pdl_launch = lambda _x: {"PDL": 2, "launch_pdl": True}
-    rows = w4a16_gemm.l2_prefetch_rows  # and the GEMV's L2 prefetch, as on a GPU
-    w4a16_gemm.l2_prefetch_rows = lambda k_per_split, block_k, group, steps, _on_gpu: rows(
-        k_per_split, block_k, group, steps, True)
 
 
 def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:

@@ -29,7 +29,6 @@ from folio.kernels.w4a16_gemv import (  # noqa: F401 (gemv_split_k: re-exported 
     _split_counters,
     _w4a16_gemv_kernel,
     gemv_split_k,
-    l2_prefetch_rows,
     STEP_DEFAULT,
 )
 
@@ -173,8 +172,9 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
         # the GEMV 3.27 ms, BLOCK_K 128 with the second launch 3.69 (docs/perf-notes.md).
         cfg = {"GEMV": 1, "BLOCK_N": 128, "BLOCK_K": 64, "REDUCE": 1, "num_warps": 4, **GEMV_OVERRIDES}
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], group_size)
+        rule = cfg.pop("SPLIT_RULE", "nearest")  # gemv_split_k's rule (an A/B switch)
         if "SPLIT_K" not in cfg:
-            cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms)
+            cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms, rule)
         return cfg
     block_k = 64 if group_size % 64 == 0 else 32
     busy, steps, stages = 2, 4, None  # programs per SM to aim for; min K steps per split; pipeline depth
@@ -213,7 +213,6 @@ def w4a16_gemm_triton(
     magic = int(cfg.pop("MAGIC", MAGIC_DEFAULT))  # unpack through exponent bits (_nibbles_to_float); 0: conversions
     step = int(cfg.pop("STEP", STEP_DEFAULT))  # GEMV only: its K step (w4a16_gemv.GEMV_STEPS)
     prefetch = int(cfg.pop("PREFETCH", 1))  # GEMV with STEP 2: words loaded one step ahead
-    l2_steps = int(cfg.pop("L2_STEPS", 3))  # GEMV: K steps after the first prefetched into L2 at its start
     if gemv and m != 1:
         raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
     split_k = cfg.pop("SPLIT_K")
@@ -231,14 +230,12 @@ def w4a16_gemm_triton(
         tiles = triton.cdiv(n, cfg["BLOCK_N"])
         reduce = reduce_in_kernel and split_k > 1
         result = torch.empty((m, n), dtype=x.dtype, device=x.device) if reduce else out
-        l2_rows, l2_groups = l2_prefetch_rows(k_per_split, block_k, group_size, l2_steps, x.is_cuda)
         _w4a16_gemv_kernel[(tiles, split_k)](
             x, qweight, scales, zeros_arg, out, n, k, k_per_split,
             x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
             result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, L2_ROWS=l2_rows,
-            L2_GROUPS=l2_groups, **launch, **pdl_launch(x),
+            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, **launch, **pdl_launch(x),
         )
         if reduce:
             return result  # [1, N]

@@ -2,7 +2,7 @@
 kernel (folio/kernels/w4a16_gemm.py, which launches both and documents the weight layout) shares.
 
 No tl.dot (it would pad M to 16): the activation row's dot product with each unpacked column
-summed in float32 registers, K split over programs until about four per SM (gemv_split_k), the
+summed in float32 registers, K split over programs to about four per SM (gemv_split_k), the
 split-K partials added by a second launch or, with REDUCE, by each column tile's last program.
 """
 
@@ -141,28 +141,6 @@ def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, 
 
 
 @triton.jit
-def _prefetch_l2(qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_qk, stride_sg, col0, N, GROUP: tl.constexpr,
-                 HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, L2_ROWS: tl.constexpr,
-                 L2_GROUPS: tl.constexpr):
-    """Ask the L2 for the word rows after the first step's (L2_ROWS of them) and the scales (and
-    zeros) of their groups: one prefetch.global.L2 per 128-byte line, nothing waits on it. Under
-    PDL the program issues this before gdc_wait, so the DRAM streams this GEMV's weights while
-    the kernel ahead still runs. Indices are clamped into the program's slice (no masks: a
-    prefetch takes a valid address), repeating the last line where the slice is shorter."""
-    lines = tl.minimum(col0 + tl.arange(0, BLOCK_N // 32) * 32, N - 1)  # a column per 128 bytes of int32
-    rows = tl.minimum(k_start // 8 + BLOCK_K // 8 + tl.arange(0, L2_ROWS), k_end // 8 - 1)
-    words = qw_ptr + rows[:, None] * stride_qk + lines[None, :]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [words], dtype=tl.int32, is_pure=False, pack=1)
-    groups = tl.minimum(k_start // GROUP + tl.arange(0, L2_GROUPS), (k_end - 1) // GROUP)
-    scales = s_ptr + groups[:, None] * stride_sg + lines[None, :]  # float32: 32 per line too
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [scales], dtype=tl.int32, is_pure=False, pack=1)
-    if HAS_ZEROS:  # uint8: a line holds 128 columns
-        zeros = z_ptr + groups * stride_sg + tl.minimum(col0 + tl.arange(0, 1), N - 1)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [zeros], dtype=tl.int32, is_pure=False,
-                                  pack=1)
-
-
-@triton.jit
 def _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
                     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     MAGIC: tl.constexpr):
@@ -214,8 +192,6 @@ def _w4a16_gemv_kernel(
     STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal
     PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
-    L2_ROWS: tl.constexpr,  # word rows after the first step to prefetch into L2 at the start (0: none; GPU only)
-    L2_GROUPS: tl.constexpr,  # scale / zero rows those cover
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -230,8 +206,7 @@ def _w4a16_gemv_kernel(
     with acq_rel after a barrier) adds the tile's partials in split order and writes the output,
     then zeroes the counter: one launch per GEMM instead of two.
     PDL: nothing but weights is read, and nothing written, before gdc_wait (for the denormal step
-    with PREFETCH, inside _gemv_denormal_loop after its first words; otherwise here).
-    L2_ROWS: the next steps' weights are prefetched into L2 first (_prefetch_l2)."""
+    with PREFETCH, inside _gemv_denormal_loop after its first words; otherwise here)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -240,9 +215,6 @@ def _w4a16_gemv_kernel(
     acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # STEP 1, 2: summed over rows at the end
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    if L2_ROWS > 0:
-        _prefetch_l2(qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_qk, stride_sg, pid_n * BLOCK_N, N, GROUP,
-                     HAS_ZEROS, BLOCK_N, BLOCK_K, L2_ROWS, L2_GROUPS)
     if not (STEP == 2 and PREFETCH):
         pdl_wait(PDL)
     if STEP == 2:
@@ -283,23 +255,23 @@ def _step_from_env() -> int:
 STEP_DEFAULT = _step_from_env()
 
 
-def l2_prefetch_rows(k_per_split: int, block_k: int, group: int, steps: int, on_gpu: bool) -> tuple[int, int]:
-    """The GEMV's L2_ROWS and L2_GROUPS: the word rows of up to `steps` K steps after the first
-    (fewer if the split has fewer), as a power of two; 0 off the GPU (the interpreter has no
-    inline PTX) or when steps is 0."""
-    rows = min(steps, k_per_split // block_k - 1) * block_k // 8 if on_gpu else 0
-    if rows <= 0:
-        return 0, 1
-    groups = -(-(block_k + 8 * rows) // group)
-    return 1 << (rows - 1).bit_length(), 1 << (groups - 1).bit_length()
-
-
-def gemv_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> int:
-    """The GEMV's split of K: doubled until about four programs per SM, keeping >= 2 K steps each."""
-    tiles, split_k = triton.cdiv(n, block_n), 1
-    while tiles * split_k < 4 * num_sms and k // (block_k * split_k * 2) >= 2:
-        split_k *= 2
-    return split_k
+def gemv_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int, rule: str = "nearest") -> int:
+    """The GEMV's split of K, a power of two leaving each program >= 2 K steps.
+    "nearest" (the default): the program count nearest four per SM among the splits that leave
+    each program <= 16 K steps (measured on the H100, session 8's sweep at Llama-3.1-8B's shapes:
+    o and down ran 10-15% faster at 512 programs than at 1,024, gate/up 20% slower at 448 with 32
+    steps each than at 896 with 16). "doubling" (session 8's rule): doubled until >= four per SM."""
+    tiles, steps = triton.cdiv(n, block_n), k // block_k
+    if rule == "doubling":
+        split_k = 1
+        while tiles * split_k < 4 * num_sms and steps // (split_k * 2) >= 2:
+            split_k *= 2
+        return split_k
+    if rule != "nearest":
+        raise ValueError(f"w4a16 GEMV SPLIT_RULE={rule!r}: expected 'nearest' or 'doubling'.")
+    splits = [1 << i for i in range(max(steps // 2, 1).bit_length()) if steps // (1 << i) >= 2] or [1]
+    short = [s for s in splits if steps / s <= 16] or [splits[-1]]
+    return min(short, key=lambda s: (abs(tiles * s - 4 * num_sms), s))
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
