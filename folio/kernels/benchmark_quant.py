@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from folio.kernels.fp8_gemm import fp8_linear, quantize_weight_per_channel
+from folio.kernels.gemv import gemv
 from folio.kernels.w4a16_gemm import gemv_split_k, pack_rows, pick_config, w4a16_gemm_triton, w4a16_reference
 
 # Llama-3.1-8B's four GEMMs per layer (QKV and gate/up merged): (name, K, N)
@@ -78,6 +79,8 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
         configs.append(("default n256", n256))
         configs.append(("default split x2", {**default, "SPLIT_K": default["SPLIT_K"] * 2}))
         configs.append(("default split /2", {**default, "SPLIT_K": max(1, default["SPLIT_K"] // 2)}))
+        doubling = gemv_split_k(n, k, default["BLOCK_N"], default["BLOCK_K"], _sms(device), "doubling")
+        configs.append(("default split doubling", {**default, "SPLIT_K": doubling}))
         for block_n, warps in ((256, 4), (256, 8), (64, 2), (128, 2), (512, 8)) if sweep else ():
             cfg = dict(default, BLOCK_N=block_n, num_warps=warps,
                        SPLIT_K=gemv_split_k(n, k, block_n, default["BLOCK_K"], _sms(device)))
@@ -137,12 +140,19 @@ def _fp8_rows(name, x, n, device, ceilings, gen, row) -> list:
     def run_bf16():
         return F.linear(x, w)
 
-    return [
+    def check_gemv():
+        return ((gemv(x, w).float() - run_bf16().float()).abs().max() / run_bf16().float().abs().max()).item()
+
+    rows = [
         row(f"fp8 {name} M={m} K={k} N={n} (per-token activations)", run_fp8, check_fp8,
             w_q.numel() + w_scale.numel() * 4 + act, flops, device, ceilings),
         row(f"bf16 {name} M={m} K={k} N={n} (the unquantized GEMM)", run_bf16, lambda: 0.0,
             w.numel() * w.element_size() + act, flops, device, ceilings),
     ]
+    if m == 1:  # the Triton GEMV that one-row unquantized layers take on CUDA (folio/kernels/gemv.py)
+        rows.append(row(f"bf16 {name} M=1 K={k} N={n} (Triton GEMV)", lambda: gemv(x, w), check_gemv,
+                        w.numel() * w.element_size() + act, flops, device, ceilings))
+    return rows
 
 
 def _sms(device) -> int:

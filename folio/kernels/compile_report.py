@@ -77,19 +77,19 @@ def _allow_cpu_stand_ins() -> None:
         rotary,
     )
 
-    from folio.kernels import qk_norm_rope, w4a16_gemm
+    from folio.kernels import gemv, qk_norm_rope, w4a16_gemm
 
     modules = (activation, gumbel_sample, paged_attention, paged_decode, prefill_attention, reshape_and_cache,
-               rms_norm, rotary, lora_shrink, lora_expand, grammar_mask, qk_norm_rope, w4a16_gemm)
+               rms_norm, rotary, lora_shrink, lora_expand, grammar_mask, qk_norm_rope, w4a16_gemm, gemv)
     for module in modules:
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
 
 
 def _launch_with_pdl() -> None:
     """Launchers pass PDL as they would on a Hopper GPU (CPU stand-ins otherwise turn it off)."""
-    from folio.kernels import activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm
+    from folio.kernels import activation, gemv, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm
 
-    for module in (activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm):
+    for module in (activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm, gemv):
         module.pdl_launch = lambda _x: {"PDL": 2, "launch_pdl": True}
 
 
@@ -150,8 +150,8 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
 
 
 def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor, t: int) -> list[str]:
-    """Qwen3's fused q/k norm + rotary + cache write, and the one-token W4A16 GEMV (Llama-3.1-8B's
-    QKV shape) where the dtype is a 16-bit one."""
+    """Qwen3's fused q/k norm + rotary + cache write, and the one-token W4A16 and 16-bit GEMVs
+    (Llama-3.1-8B's QKV shape) where the dtype is a 16-bit one."""
     from folio.kernels.qk_norm_rope import KVWrite, qk_norm_rope_triton
 
     qkv = torch.zeros(t, (HEADS + 2 * KV_HEADS) * DIM, dtype=dtype)
@@ -167,6 +167,10 @@ def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor,
         w4a16_gemm_triton(torch.zeros(1, k, dtype=dtype), torch.zeros(k // 8, n, dtype=torch.int32),
                           torch.zeros(k // 128, n), None, 128)
         cases.append("w4a16 M=1 4096x6144")
+        from folio.kernels.gemv import gemv
+
+        gemv(torch.zeros(1, k, dtype=dtype), torch.zeros(n, k, dtype=dtype), torch.zeros(n, dtype=dtype))
+        cases.append("gemv 4096x6144 + bias")
     return cases
 
 

@@ -34,7 +34,7 @@ def test_every_kernel_compiles_for_sm90_without_spills():
         "_merge_splits_kernel", "_rms_norm_kernel", "_rotary_kernel", "_silu_and_mul_kernel",
         "_lora_shrink_kernel", "_lora_expand_kernel",
         "_prefill_attention_kernel", "_gumbel_sample_kernel",
-        "_apply_bitmask_kernel", "_qk_norm_rope_kernel", "_w4a16_gemv_kernel",
+        "_apply_bitmask_kernel", "_qk_norm_rope_kernel", "_w4a16_gemv_kernel", "_gemv_kernel",
     }
     for row in rows:
         regs, stack = int(row[-7]), int(row[-6])
@@ -48,14 +48,14 @@ def test_every_kernel_compiles_for_sm90_without_spills():
 
 # The kernels of a decode step that take programmatic dependent launch on Hopper.
 PDL_KERNELS = {"_paged_decode_kernel", "_merge_splits_kernel", "_rms_norm_kernel", "_silu_and_mul_kernel",
-               "_qk_norm_rope_kernel", "_w4a16_gemv_kernel"}
+               "_qk_norm_rope_kernel", "_w4a16_gemv_kernel", "_gemv_kernel"}
 
 
 def test_pdl_kernels_wait_before_any_store_and_the_gemv_loads_weights_first():
     """Under programmatic dependent launch a kernel starts while the one before it still runs:
     it must not store (or read what that kernel writes) before griddepcontrol.wait. The SASS
-    order is the check; the W4A16 GEMV issues its first weight loads ahead of the wait (the
-    point of PDL for it), the others at most read weights there."""
+    order is the check; the GEMVs issue their first weight loads ahead of the wait (the point of
+    PDL for them), the others at most read weights there."""
     rows = _report("--pdl")
     for row in rows:
         regs, stack = int(row[-7]), int(row[-6])
@@ -65,7 +65,7 @@ def test_pdl_kernels_wait_before_any_store_and_the_gemv_loads_weights_first():
         else:
             assert row[-1] == "-", f"{row[0]} has a wait but is not launched with PDL"
     assert {row[0] for row in rows if row[-1] != "-"} == PDL_KERNELS
-    assert [row[-1] for row in rows if row[0] == "_w4a16_gemv_kernel"] == ["ld+wait"]
+    assert [row[-1] for row in rows if row[0] in ("_w4a16_gemv_kernel", "_gemv_kernel")] == ["ld+wait", "ld+wait"]
 
 
 def test_pdl_order_reads_the_sass():

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from folio.kernels.gemv import gemv, use_gemv
+
 # Fused layers folio builds -> the checkpoint modules they merge (for per-layer configs, which
 # name checkpoint modules, e.g. an `ignore` list naming q_proj).
 FUSED_SHARDS: dict[str, tuple[str, ...]] = {
@@ -109,6 +111,10 @@ class UnquantizedLinearMethod(LinearMethod):
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
+        """cuBLAS, except one 16-bit row on CUDA (batch-1 decode): the Triton GEMV
+        (folio/kernels/gemv.py; FOLIO_GEMV=0 keeps cuBLAS there too)."""
+        if use_gemv(x, layer.weight):
+            return gemv(x, layer.weight, bias)  # [1, out]
         return F.linear(x, layer.weight, bias)  # [tokens, out]
 
 
