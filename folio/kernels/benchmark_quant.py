@@ -79,8 +79,6 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
         configs.append(("default n256", n256))
         configs.append(("default split x2", {**default, "SPLIT_K": default["SPLIT_K"] * 2}))
         configs.append(("default split /2", {**default, "SPLIT_K": max(1, default["SPLIT_K"] // 2)}))
-        doubling = gemv_split_k(n, k, default["BLOCK_N"], default["BLOCK_K"], _sms(device), "doubling")
-        configs.append(("default split doubling", {**default, "SPLIT_K": doubling}))
         for block_n, warps in ((256, 4), (256, 8), (64, 2), (128, 2), (512, 8)) if sweep else ():
             cfg = dict(default, BLOCK_N=block_n, num_warps=warps,
                        SPLIT_K=gemv_split_k(n, k, block_n, default["BLOCK_K"], _sms(device)))

@@ -90,7 +90,7 @@ def _launch_with_pdl() -> None:
     from folio.kernels import activation, gemv, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm
 
     for module in (activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm, gemv):
-        module.pdl_launch = lambda _x: {"PDL": 2, "launch_pdl": True}
+        module.pdl_launch = lambda _x: {"PDL": True, "launch_pdl": True}
 
 
 def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:

@@ -172,9 +172,8 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
         # the GEMV 3.27 ms, BLOCK_K 128 with the second launch 3.69 (docs/perf-notes.md).
         cfg = {"GEMV": 1, "BLOCK_N": 128, "BLOCK_K": 64, "REDUCE": 1, "num_warps": 4, **GEMV_OVERRIDES}
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], group_size)
-        rule = cfg.pop("SPLIT_RULE", "nearest")  # gemv_split_k's rule (an A/B switch)
         if "SPLIT_K" not in cfg:
-            cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms, rule)
+            cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms)
         return cfg
     block_k = 64 if group_size % 64 == 0 else 32
     busy, steps, stages = 2, 4, None  # programs per SM to aim for; min K steps per split; pipeline depth

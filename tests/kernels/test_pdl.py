@@ -20,12 +20,11 @@ from tests.kernels.test_w4a16_gemm import _random_int4
 
 
 def test_pdl_is_off_for_cpu_tensors():
-    assert triton_compat.pdl_launch(torch.zeros(1)) == {"PDL": 0}
+    assert triton_compat.pdl_launch(torch.zeros(1)) == {"PDL": False}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [1, 2], ids=["trigger-after-wait", "trigger-before-wait"])
-def test_decode_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monkeypatch, mode):
+def test_decode_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monkeypatch):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs compute capability 9.0")
     gen = torch.Generator().manual_seed(0)
@@ -50,10 +49,10 @@ def test_decode_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monke
 
     inputs = [tuple(torch.randn(1, hidden, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
               for _ in range(4)]
-    monkeypatch.setattr(triton_compat, "USE_PDL", 0)
+    monkeypatch.setattr(triton_compat, "USE_PDL", False)
     plain = [step(x, r) for x, r in inputs]
-    monkeypatch.setattr(triton_compat, "USE_PDL", mode)
-    assert triton_compat.pdl_launch(torch.zeros(1, device="cuda"))["PDL"] == mode
+    monkeypatch.setattr(triton_compat, "USE_PDL", True)
+    assert triton_compat.pdl_launch(torch.zeros(1, device="cuda"))["PDL"]
     eager = [step(x, r) for x, r in inputs]
     static_x, static_r = (t.clone() for t in inputs[0])
     step(static_x, static_r)  # compile and size the split-K counters before capture

@@ -131,24 +131,6 @@ def test_decode_splits_k_until_the_gpu_is_busy():
     assert pick_config(4096, 4096, 4096, 128)["SPLIT_K"] == 1
 
 
-@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1024, 2048), (64, 256)])
-def test_gemv_split_is_nearest_four_per_sm_with_at_most_16_steps(n, k):
-    from folio.kernels.w4a16_gemv import gemv_split_k
-
-    sms, tiles, steps = 132, -(-n // 128), k // 64
-    split = gemv_split_k(n, k, 128, 64, sms)
-    assert split & (split - 1) == 0 and steps // split >= 2
-    allowed = [s for s in (1, 2, 4, 8, 16, 32, 64, 128) if steps // s >= 2 and steps / s <= 16]
-    if allowed:
-        assert split in allowed
-        assert all(abs(tiles * split - 4 * sms) <= abs(tiles * s - 4 * sms) for s in allowed)
-    # the rule as measured at Llama-3.1-8B's shapes (o and down: 16; gate/up: 4)
-    expected = {(4096, 4096): 16, (4096, 14336): 16, (28672, 4096): 4, (6144, 4096): 8}
-    if (n, k) in expected:
-        assert split == expected[(n, k)]
-    assert gemv_split_k(4096, 4096, 128, 64, sms, "doubling") == 32
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 7, 16, 33, 255])
 @pytest.mark.parametrize(("k", "n"), [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)])
