@@ -21,7 +21,7 @@ import os
 import torch
 
 from folio.kernels.triton_compat import check_same_device, pdl_launch, pdl_wait, tl, triton, use_triton_for
-from folio.kernels.w4a16_gemv import _split_counters, gemv_split_k
+from folio.kernels.w4a16_gemv import _split_counters, gemv_split_k, last_split_sums
 
 _HALF = (torch.float16, torch.bfloat16)
 # FOLIO_GEMV=0: one-row linear layers stay on cuBLAS (the A/B switch).
@@ -71,15 +71,7 @@ def _gemv_kernel(
         tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
     else:
         tl.store(part_ptr + pid_k * N + rn, total, mask=n_ok)
-        tl.debug_barrier()  # every thread's partial is stored before the counter moves
-        if tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for split in tl.static_range(SPLIT_K):  # split order, whichever program came last
-                total += tl.load(part_ptr + split * N + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-            tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
-            tl.atomic_xchg(counter_ptr + pid_n, 0)
+        last_split_sums(part_ptr, N, out_ptr, counter_ptr, bias_ptr, pid_n, rn, n_ok, HAS_BIAS, BLOCK_N, SPLIT_K)
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -232,13 +232,26 @@ def _w4a16_gemv_kernel(
         acc = tl.sum(acc_rows, axis=0)  # [BLOCK_N]
     tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
     if REDUCE:
-        tl.debug_barrier()  # every thread's partial is stored before the counter moves
-        if tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for split in tl.static_range(SPLIT_K):  # split order, whatever order the programs ended; unrolled: all loads in flight
-                total += tl.load(c_ptr + split * stride_cs + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
-            tl.atomic_xchg(counter_ptr + pid_n, 0)
+        last_split_sums(c_ptr, stride_cs, out_ptr, counter_ptr, c_ptr, pid_n, rn, n_ok, False, BLOCK_N, SPLIT_K)
+
+
+@triton.jit
+def last_split_sums(part_ptr, stride_part, out_ptr, counter_ptr, bias_ptr, pid_n, rn, n_ok, HAS_BIAS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The split-K sum inside a GEMV (this one and folio/kernels/gemv.py), after each program stored
+    its float32 partial at part_ptr + split * stride_part + rn: the last of a column tile's
+    SPLIT_K programs to arrive (a counter per tile, taken with acq_rel after a barrier) adds the
+    partials in split order (the same bits whichever program ends last), plus the bias, writes the
+    output and zeroes the counter for the next launch."""
+    tl.debug_barrier()  # every thread's partial is stored before the counter moves
+    if tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
+        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for split in tl.static_range(SPLIT_K):  # unrolled: all loads in flight
+            total += tl.load(part_ptr + split * stride_part + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+        tl.atomic_xchg(counter_ptr + pid_n, 0)
 
 
 # The GEMV's K-step kernels by name (FOLIO_W4A16_GEMV_STEP picks one; the config key STEP).
