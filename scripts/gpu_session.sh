@@ -11,7 +11,7 @@
 # Writes logs and JSON under $OUT (default ./gpu-out). Run from the repository root; no install.
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-# Server packages the GPU image lacks travel as wheels in .whl/ (docs/benchmarks.md says which).
+# Packages the GPU image lacks travel as wheels in .whl/ (scripts/gpu_wheels.sh fetches them).
 if [ -d .whl ] && ! python3 -c "import fastapi, uvicorn" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   SITE=/tmp/site:
