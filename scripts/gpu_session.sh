@@ -108,7 +108,8 @@ decode-ab) part decode-ab  # issues 11, 13: batch-1 decode of the 8B (bf16, INT4
 pdl-tests) part pdl-tests  # the kernels that take PDL, on the GPU (eager, graph replay, the engine's CUDA graphs)
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_pdl.py tests/kernels/test_w4a16_gemm.py \
     tests/kernels/test_paged_decode.py tests/kernels/test_rms_norm.py tests/kernels/test_activation.py \
-    tests/kernels/test_qk_norm_rope.py tests/worker 2>&1 | tail -15 | tee "$OUT/pdl-tests.txt" ;;
+    tests/kernels/test_qk_norm_rope.py tests/kernels/test_gemv.py tests/models/test_linear_seam.py tests/worker 2>&1 \
+    | tail -15 | tee "$OUT/pdl-tests.txt" ;;
 ncu-gemv) part ncu-gemv  # issue 13: Nsight Compute counters of the W4A16 GEMV (denormal, then flat K steps) at the 8B's QKV shape
   timeout 300 ncu --clock-control none --kernel-name regex:_w4a16_gemv_kernel --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \

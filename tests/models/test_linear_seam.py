@@ -94,3 +94,61 @@ def test_quantization_mismatches_are_refused_by_name(requested, stored, message)
     hf = {"quantization_config": {"quant_method": stored}} if stored else {}
     with pytest.raises(ValueError, match=message):
         resolve_quantization(requested, hf)
+
+
+def _tiny_mlp(dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    from folio.models.llama import LlamaMLP, llama_args
+
+    args = llama_args({"vocab_size": 32, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+                       "num_attention_heads": 4})
+    mlp = LlamaMLP(args, None, "model.layers.0.mlp").to(device=device, dtype=dtype)
+    gen = torch.Generator().manual_seed(5)
+    for layer in (mlp.gate_up_proj, mlp.down_proj):
+        layer.weight.data.copy_(torch.randn(layer.weight.shape, generator=gen) / 8)
+    return mlp
+
+
+class _GatedMethod(LinearMethod):
+    """Offers the activation inside its matmul, and records that it was asked."""
+
+    name = "toy-gated"
+
+    def __init__(self, inner: LinearMethod) -> None:
+        self.inner, self.calls = inner, []
+
+    def create_weights(self, *args):
+        raise NotImplementedError
+
+    def apply(self, layer, x, bias):
+        return self.inner.apply(layer, x, bias)
+
+    def apply_silu_mul(self, layer, gate_up, bias):
+        self.calls.append(tuple(gate_up.shape))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.inner.apply(layer, torch.nn.functional.silu(gate) * up, bias) + 1000.0  # marked
+
+
+def test_gated_mlp_asks_its_down_projection_for_the_activation_and_falls_back():
+    mlp = _tiny_mlp()
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(6))
+    plain = mlp.down_proj(mlp.act_fn(mlp.gate_up_proj(x)))
+    torch.testing.assert_close(mlp(x), plain)  # the unquantized method on the CPU declines
+    gated = _GatedMethod(mlp.down_proj.quant_method)
+    mlp.down_proj.quant_method = gated
+    torch.testing.assert_close(mlp(x), plain + 1000.0)  # taken: the activation ran inside down_proj
+    assert gated.calls == [(3, 192)]
+    # A wrapper without forward_silu_mul (a LoRA layer) keeps the activation outside.
+    base = mlp.down_proj
+    mlp.down_proj = type("Wrapped", (nn.Module,), {"forward": lambda self, t: base(t)})()
+    torch.testing.assert_close(mlp(x), plain)
+    assert gated.calls == [(3, 192)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batch_one_gated_mlp_on_cuda_equals_activation_then_down_projection():
+    mlp = _tiny_mlp(torch.bfloat16, "cuda")
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(7)).to("cuda", torch.bfloat16)
+    gate_up = mlp.gate_up_proj(x)
+    assert mlp.down_proj.forward_silu_mul(gate_up) is not None  # one bf16 CUDA row: the gated GEMV
+    assert torch.equal(mlp(x), mlp.down_proj(mlp.act_fn(gate_up)))
