@@ -153,8 +153,7 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
 
 def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor, t: int) -> list[str]:
     """Qwen3's fused q/k norm + rotary + cache write, and the one-token W4A16 and 16-bit GEMVs
-    (Llama-3.1-8B's QKV shape, and with SiLU-and-mul inside, a down-projection shape) where the
-    dtype is a 16-bit one."""
+    (Llama-3.1-8B's QKV shape) where the dtype is a 16-bit one."""
     from folio.kernels.qk_norm_rope import KVWrite, qk_norm_rope_triton
 
     qkv = torch.zeros(t, (HEADS + 2 * KV_HEADS) * DIM, dtype=dtype)
@@ -170,15 +169,10 @@ def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor,
         w4a16_gemm_triton(torch.zeros(1, k, dtype=dtype), torch.zeros(k // 8, n, dtype=torch.int32),
                           torch.zeros(k // 128, n), None, 128)
         cases.append("w4a16 M=1 4096x6144")
-        w4a16_gemm_triton(torch.zeros(1, 2 * n, dtype=dtype), torch.zeros(n // 8, k, dtype=torch.int32),
-                          torch.zeros(n // 128, k), None, 128, gated=True)
-        cases.append("w4a16 M=1 silu 6144x4096")
         from folio.kernels.gemv import gemv
 
         gemv(torch.zeros(1, k, dtype=dtype), torch.zeros(n, k, dtype=dtype), torch.zeros(n, dtype=dtype))
         cases.append("gemv 4096x6144 + bias")
-        gemv(torch.zeros(1, 2 * n, dtype=dtype), torch.zeros(k, n, dtype=dtype), gated=True)
-        cases.append("gemv silu 6144x4096")
     return cases
 
 

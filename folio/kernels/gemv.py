@@ -12,9 +12,6 @@ cannot take part in programmatic dependent launch. This kernel is the W4A16 GEMV
   counter, as the W4A16 GEMV), adds the bias and writes the output: one launch per GEMM.
 - Under PDL (triton_compat.pdl_launch) the first step's weights load before gdc_wait, while the
   kernel ahead (the norm or activation that writes x) still runs.
-- GATED (gemv_silu_mul): x is a gate/up row [1, 2K] and the GEMV's input is silu(gate) * up, made
-  as each step loads it and rounded as folio/kernels/activation.py rounds it, so a gated MLP's
-  down projection needs no SiLU-and-mul launch (the same bits as activation then GEMV).
 """
 
 from __future__ import annotations
@@ -33,22 +30,8 @@ BLOCK_N, BLOCK_K, NUM_WARPS = 32, 128, 4
 
 
 @triton.jit
-def gated_input(x_ptr, k, mask, K, GATED: tl.constexpr):
-    """float32 input values at columns k of a one-row input: x[k], or with GATED silu(x[k]) *
-    x[K + k] (gate then up halves of a [1, 2K] row), each factor rounded to x's dtype as
-    silu_and_mul rounds them (folio/kernels/activation.py)."""
-    if GATED:
-        dtype = x_ptr.dtype.element_ty
-        gate = tl.load(x_ptr + k, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(x_ptr + K + k, mask=mask, other=0.0).to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        return (silu * up).to(dtype).to(tl.float32)
-    return tl.load(x_ptr + k, mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def _gemv_kernel(
-    x_ptr,  # [1, K], or [1, 2K] gate then up (GATED)
+    x_ptr,  # [1, K]
     w_ptr,  # [N, K], K contiguous
     bias_ptr,  # [N] (HAS_BIAS)
     part_ptr,  # [SPLIT_K, N] float32 partials (SPLIT_K > 1)
@@ -59,7 +42,6 @@ def _gemv_kernel(
     k_per_split,  # a multiple of BLOCK_K
     stride_wn,
     HAS_BIAS: tl.constexpr,
-    GATED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
@@ -79,7 +61,7 @@ def _gemv_kernel(
     for k0 in range(k_start, k_end, BLOCK_K):
         k1 = k0 + BLOCK_K
         following = tl.load(rows + (k1 + rk)[None, :], mask=n_ok[:, None] & (k1 + rk < k_end)[None, :], other=0.0)
-        a = gated_input(x_ptr, k0 + rk, k0 + rk < k_end, K, GATED)  # [BLOCK_K]
+        a = tl.load(x_ptr + k0 + rk, mask=k0 + rk < k_end, other=0.0).to(tl.float32)  # [BLOCK_K]
         acc += w.to(tl.float32) * a[None, :]
         w = following
     total = tl.sum(acc, axis=1)  # [BLOCK_N]
@@ -92,27 +74,19 @@ def _gemv_kernel(
         last_split_sums(part_ptr, N, out_ptr, counter_ptr, bias_ptr, pid_n, rn, n_ok, HAS_BIAS, BLOCK_N, SPLIT_K)
 
 
-# FOLIO_GEMV_SILU=0: a gated MLP's down projection keeps its separate SiLU-and-mul launch (A/B).
-GATED_ENABLED = os.environ.get("FOLIO_GEMV_SILU", "1") != "0"
-
-
-def use_gemv(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
+def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a linear layer's call goes to the GEMV: one row, 16-bit, on CUDA, weight rows
-    contiguous and K a multiple of 8 (16-byte rows). gated: x is a gate/up row [1, 2K]."""
-    return (ENABLED and (GATED_ENABLED or not gated) and use_triton_for(x) and x.dim() == 2 and x.shape[0] == 1
-            and x.dtype in _HALF and weight.dtype == x.dtype and weight.dim() == 2 and weight.stride(1) == 1
-            and weight.shape[1] % 8 == 0 and x.stride(1) == 1 and x.shape[1] == weight.shape[1] * (2 if gated else 1))
+    contiguous and K a multiple of 8 (16-byte rows)."""
+    return (ENABLED and use_triton_for(x) and x.dim() == 2 and x.shape[0] == 1 and x.dtype in _HALF
+            and weight.dtype == x.dtype and weight.dim() == 2 and weight.stride(1) == 1
+            and weight.shape[1] % 8 == 0 and x.stride(1) == 1)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         split_k: int | None = None, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
-         gated: bool = False) -> torch.Tensor:
-    """x [1, K] @ weight [N, K]^T (+ bias [N]) -> [1, N] in x's dtype, float32 accumulation.
-    gated: x is [1, 2K], gate then up, and the product is silu(gate) * up @ weight^T."""
-    width = x.shape[1] // 2 if gated and x.dim() == 2 else (x.shape[1] if x.dim() == 2 else -1)
-    if x.dim() != 2 or x.shape[0] != 1 or weight.dim() != 2 or width != weight.shape[1] or (gated and x.shape[1] % 2):
-        what = "[1, 2K]" if gated else "[1, K]"
-        raise ValueError(f"gemv: x must be {what} and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}.")
+         split_k: int | None = None, block_n: int = BLOCK_N, block_k: int = BLOCK_K) -> torch.Tensor:
+    """x [1, K] @ weight [N, K]^T (+ bias [N]) -> [1, N] in x's dtype, float32 accumulation."""
+    if x.dim() != 2 or x.shape[0] != 1 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"gemv: x must be [1, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}.")
     if weight.stride(1) != 1 or x.stride(1) != 1:
         raise ValueError("gemv: x and weight must be contiguous along K.")
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.stride(0) != 1):
@@ -138,18 +112,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         parts = counters = out
     _gemv_kernel[(tiles, split_k)](
         x, weight, bias if bias is not None else weight, parts, out, counters, n, k, k_per_split, weight.stride(0),
-        HAS_BIAS=bias is not None, GATED=gated, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
         num_warps=NUM_WARPS, **pdl_launch(x),
     )
     return out
 
 
-def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   gated: bool = False) -> torch.Tensor:
-    """float32 product, rounded once to x's dtype (gated: of silu_and_mul's output)."""
-    if gated:
-        from folio.kernels.activation import silu_and_mul_reference
-
-        x = silu_and_mul_reference(x)
+def gemv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 product, rounded once to x's dtype."""
     y = x.float() @ weight.float().t()
     return (y + bias.float() if bias is not None else y).to(x.dtype)

@@ -9,8 +9,8 @@ Design:
 - With num_splits == 1 the program normalises and writes the output row itself. Otherwise each
   split writes its unnormalised float32 accumulator and (running max in log2 units, running sum),
   and the last of a (sequence, KV head)'s splits to finish (a counter each, taken with acq_rel
-  after a barrier, as the GEMV's split-K sum) combines them by log-sum-exp in split order and
-  writes the group's rows: one launch per layer. FOLIO_DECODE_FUSED_MERGE=0 keeps the separate
+  after a barrier, as the GEMV's split-K sum) combines them by log-sum-exp, as _merge_splits_kernel
+  does (the same bits), and writes the group's rows: one launch per layer. FOLIO_DECODE_FUSED_MERGE=0 keeps the separate
   _merge_splits_kernel launch (the A/B switch).
 - The split size is computed on the device per sequence: cdiv(visible, num_splits) rounded up to
   TILE_N, but at least min_split_tokens, so a short sequence uses fewer splits than launched and
@@ -170,36 +170,33 @@ def _paged_decode_kernel(
             tl.debug_barrier()  # every thread's partials are stored before the counter moves
             slot = seq * tl.num_programs(1) + kv_head
             if tl.atomic_add(counter_ptr + slot, 1, sem="acq_rel") == used - 1:
-                _merge_group(out_ptr, part_out_ptr, part_m_ptr, part_l_ptr, q_row, head, row_valid, dims,
-                             dim_valid, seq.to(tl.int64) * NUM_HEADS, used, o_stride_t, o_stride_h, BLOCK_M,
-                             DIM_PAD, NUM_SPLITS)
+                _merge_group(out_ptr, part_out_ptr, part_m_ptr, part_l_ptr, q_row, kv_head,
+                             seq.to(tl.int64) * NUM_HEADS, used, o_stride_t, o_stride_h, GROUP, HEAD_DIM, DIM_PAD,
+                             NUM_SPLITS)
                 tl.atomic_xchg(counter_ptr + slot, 0)
 
 
 @triton.jit
-def _merge_group(out_ptr, part_out_ptr, part_m_ptr, part_l_ptr, q_row, head, row_valid, dims, dim_valid, seq_heads,
-                 used, o_stride_t, o_stride_h, BLOCK_M: tl.constexpr, DIM_PAD: tl.constexpr,
+def _merge_group(out_ptr, part_out_ptr, part_m_ptr, part_l_ptr, q_row, kv_head, seq_heads, used, o_stride_t,
+                 o_stride_h, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
                  NUM_SPLITS: tl.constexpr):
-    """Log-sum-exp of one group's `used` split partials, in split order (the same bits whichever
-    split finishes last), written as the group's output rows. Partials come from other SMs: read
-    from L2 (.cg), after the counter's acquire."""
-    base = (seq_heads + head) * NUM_SPLITS  # [BLOCK_M] first partial of each head
-    m_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s in range(0, used):
-        m_max = tl.maximum(m_max, tl.load(part_m_ptr + base + s, mask=row_valid, other=0.0, cache_modifier=".cg"))
-    l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
-    for s in range(0, used):
-        weight = tl.exp2(tl.load(part_m_ptr + base + s, mask=row_valid, other=0.0, cache_modifier=".cg") - m_max)
-        l_sum += weight * tl.load(part_l_ptr + base + s, mask=row_valid, other=1.0, cache_modifier=".cg")
-        part = tl.load(part_out_ptr + (base + s)[:, None] * DIM_PAD + dims[None, :], mask=row_valid[:, None],
-                       other=0.0, cache_modifier=".cg")
-        acc += weight[:, None] * part
-    tl.store(
-        out_ptr + q_row * o_stride_t + head[:, None] * o_stride_h + dims[None, :],
-        (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None] & dim_valid[None, :],
-    )
+    """_merge_splits_kernel's log-sum-exp for each of a KV head's GROUP query heads (unrolled, all
+    splits of a head loaded at once: no round trip per split), the same arithmetic so the same
+    bits. The partials come from other SMs: read from L2 (.cg), after the counter's acquire."""
+    splits = tl.arange(0, NUM_SPLITS)
+    active = splits < used
+    dims = tl.arange(0, DIM_PAD)
+    for g in tl.static_range(GROUP):
+        head = kv_head * GROUP + g
+        part = (seq_heads + head) * NUM_SPLITS + splits  # [NUM_SPLITS]
+        m = tl.load(part_m_ptr + part, mask=active, other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(part_l_ptr + part, mask=active, other=0.0, cache_modifier=".cg")
+        weight = tl.exp2(m - tl.max(m, 0))
+        acc = tl.load(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], mask=active[:, None], other=0.0,
+                      cache_modifier=".cg")
+        result = tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)  # [DIM_PAD]
+        tl.store(out_ptr + q_row * o_stride_t + head * o_stride_h + dims, result.to(out_ptr.dtype.element_ty),
+                 mask=dims < HEAD_DIM)
 
 
 @triton.jit

@@ -23,14 +23,12 @@ import os
 import torch
 import torch.nn.functional as F
 
-from folio.kernels.gemv import GATED_ENABLED
 from folio.kernels.triton_compat import check_same_device, pdl_launch, tl, triton, use_triton_for
 from folio.kernels.w4a16_gemv import (  # noqa: F401 (gemv_split_k: re-exported for the benchmark)
     _group_scale_zero,
     _split_counters,
     _w4a16_gemv_kernel,
     gemv_split_k,
-    GEMV_STEPS,
     STEP_DEFAULT,
 )
 
@@ -149,27 +147,6 @@ def w4a16_linear(
     return w4a16_reference(x, qweight, scales, zeros, group_size, bias)
 
 
-def w4a16_gated_linear(
-    gate_up: torch.Tensor,  # [1, 2K] gate then up
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor | None,
-    group_size: int,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor | None:  # [1, N], or None: the caller runs the activation and w4a16_linear
-    """silu(gate) * up @ W (+ b) in one GEMV launch for one CUDA row (a gated MLP's down
-    projection at batch 1), when the one-row config is the denormal GEMV; else None."""
-    if not (GATED_ENABLED and use_triton_for(gate_up) and gate_up.dim() == 2 and gate_up.shape[0] == 1
-            and gate_up.shape[1] == 2 * qweight.shape[0] * PACK):
-        return None
-    sms = torch.cuda.get_device_properties(gate_up.device).multi_processor_count
-    cfg = pick_config(1, qweight.shape[1], qweight.shape[0] * PACK, group_size, sms)
-    if cfg.get("STEP", STEP_DEFAULT) != GEMV_STEPS["denormal"]:
-        return None
-    out = w4a16_gemm_triton(gate_up, qweight, scales, zeros, group_size, cfg, gated=True)
-    return out if bias is None else out + bias
-
-
 def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group_size: int) -> None:
     m, k = x.shape
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -222,15 +199,11 @@ def w4a16_gemm_triton(
     zeros: torch.Tensor | None,
     group_size: int,
     config: dict[str, int] | None = None,
-    gated: bool = False,
 ) -> torch.Tensor:
-    """Triton launcher: x [M, K] @ W [K, N] -> [M, N] in x's dtype (no bias). gated (one row,
-    the GEMV's denormal step): x is a gate/up row [1, 2K] and the input is silu(gate) * up."""
-    if gated and (x.dim() != 2 or x.shape[0] != 1 or x.shape[1] % 2):
-        raise ValueError(f"w4a16: a gated input must be one gate/up row [1, 2K], got {tuple(x.shape)}.")
-    _check(x[:, : x.shape[1] // 2] if gated else x, qweight, scales, zeros, group_size)
+    """Triton launcher: x [M, K] @ W [K, N] -> [M, N] in x's dtype (no bias)."""
+    _check(x, qweight, scales, zeros, group_size)
     check_same_device(_w4a16_kernel, x=x, qweight=qweight, scales=scales)
-    m, k = x.shape[0], qweight.shape[0] * PACK
+    m, k = x.shape
     n = qweight.shape[1]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
     cfg = dict(config or pick_config(m, n, k, group_size, sms))
@@ -241,8 +214,6 @@ def w4a16_gemm_triton(
     prefetch = int(cfg.pop("PREFETCH", 1))  # GEMV with STEP 2: words loaded one step ahead
     if gemv and m != 1:
         raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
-    if gated and not (gemv and step == GEMV_STEPS["denormal"]):
-        raise ValueError("w4a16: a gated input needs the GEMV kernel with the denormal step.")
     split_k = cfg.pop("SPLIT_K")
     num_warps = cfg.pop("num_warps", 4)
     num_stages = cfg.pop("num_stages", None)  # None: Triton's default
@@ -263,8 +234,7 @@ def w4a16_gemm_triton(
             x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
             result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, GATED=gated,
-            **launch, **pdl_launch(x),
+            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, **launch, **pdl_launch(x),
         )
         if reduce:
             return result  # [1, N]

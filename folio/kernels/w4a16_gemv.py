@@ -64,27 +64,13 @@ DENORMAL_UNSCALE = tl.constexpr(2.0 ** (149 - 64))  # 2^(149 - DENORMAL_SHIFT)
 
 
 @triton.jit
-def _act(rows, j, stride_ak, up_offset, GATED: tl.constexpr):
-    """Input vector j of a step in the input's dtype: a[rows + j], or with GATED silu(gate) * up
-    from a [1, 2K] gate/up row (up_offset = K * stride_ak), rounded as silu_and_mul rounds."""
-    if GATED:
-        dtype = rows.dtype.element_ty
-        gate = tl.load(rows + j * stride_ak).to(tl.float32)
-        up = tl.load(rows + j * stride_ak + up_offset).to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        return (silu * up).to(dtype)
-    return tl.load(rows + j * stride_ak)
-
-
-@triton.jit
-def _denormal_acts(a_ptr, k0, stride_ak, up_offset, BLOCK_K: tl.constexpr, GATED: tl.constexpr):
+def _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K: tl.constexpr):
     """The 8 activation vectors [BLOCK_K / 8] of a step (a_j: input row k0 + 8i + j of word row i),
     in the input's dtype, from one base pointer per row (j an immediate offset)."""
     rows = a_ptr + (k0 + tl.arange(0, BLOCK_K // 8) * 8) * stride_ak
-    return (_act(rows, 0, stride_ak, up_offset, GATED), _act(rows, 1, stride_ak, up_offset, GATED),
-            _act(rows, 2, stride_ak, up_offset, GATED), _act(rows, 3, stride_ak, up_offset, GATED),
-            _act(rows, 4, stride_ak, up_offset, GATED), _act(rows, 5, stride_ak, up_offset, GATED),
-            _act(rows, 6, stride_ak, up_offset, GATED), _act(rows, 7, stride_ak, up_offset, GATED))
+    return (tl.load(rows), tl.load(rows + stride_ak), tl.load(rows + 2 * stride_ak), tl.load(rows + 3 * stride_ak),
+            tl.load(rows + 4 * stride_ak), tl.load(rows + 5 * stride_ak), tl.load(rows + 6 * stride_ak),
+            tl.load(rows + 7 * stride_ak))
 
 
 @triton.jit
@@ -124,8 +110,8 @@ def _denormal_words(qw_ptr, k0, stride_qk, rn, ok, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
-                        up_offset, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, GATED: tl.constexpr):
+                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """[BLOCK_K / 8, BLOCK_N] float32: the denormal steps over K rows k_start .. k_end. K is a
     multiple of the group (the launcher checks), so of BLOCK_K: no word row is out of range.
     PREFETCH: each step's words are loaded during the step before (one load in flight while the
@@ -142,14 +128,14 @@ def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, 
             k1 = k0 + BLOCK_K
             following = _denormal_words(qw_ptr, k1, stride_qk, rn, n_ok & (k1 < k_end), BLOCK_K)
             s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-            acts = _denormal_acts(a_ptr, k0, stride_ak, up_offset, BLOCK_K, GATED)
+            acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
             acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
             packed = following
     else:
         for k0 in range(k_start, k_end, BLOCK_K):
             packed = _denormal_words(qw_ptr, k0, stride_qk, rn, n_ok, BLOCK_K)
             s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-            acts = _denormal_acts(a_ptr, k0, stride_ak, up_offset, BLOCK_K, GATED)
+            acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
             acc_rows += _gemv_denormal_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
     return acc_rows
 
@@ -182,7 +168,7 @@ def _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk
 
 @triton.jit
 def _w4a16_gemv_kernel(
-    a_ptr,  # [1, K] fp16/bf16/fp32, or [1, 2K] gate then up (GATED)
+    a_ptr,  # [1, K] fp16/bf16/fp32
     qw_ptr,  # [K / 8, N] int32
     s_ptr,  # [K / G, N] float32
     z_ptr,  # [K / G, N] uint8 (HAS_ZEROS)
@@ -206,7 +192,6 @@ def _w4a16_gemv_kernel(
     STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal
     PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
-    GATED: tl.constexpr = False,  # STEP 2: the input is silu(gate) * up of a gate/up row (gemv.gated_input)
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -234,8 +219,7 @@ def _w4a16_gemv_kernel(
         pdl_wait(PDL)
     if STEP == 2:
         acc_rows = _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
-                                       rn, n_ok, K * stride_ak, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH, PDL,
-                                       GATED)
+                                       rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH, PDL)
     elif STEP == 1:
         for k0 in range(k_start, k_end, BLOCK_K):
             acc_rows += _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,

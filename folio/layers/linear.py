@@ -215,18 +215,6 @@ class LinearBase(nn.Module):
         out = all_reduce(self.quant_method.apply(self, x, None))  # [tokens, out]
         return out if self.bias is None else out + self.bias
 
-    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
-        """forward(silu(gate) * up) of a [tokens, 2 * in_per_partition] gate/up output, with the
-        activation inside this layer's kernel where its method has one for this call
-        (LinearMethod.apply_silu_mul); None otherwise: the caller activates, then forward()."""
-        if self.role != "row" or self.tp_size == 1:
-            return self.quant_method.apply_silu_mul(self, gate_up, self.bias)
-        out = self.quant_method.apply_silu_mul(self, gate_up, None)
-        if out is None:
-            return None
-        out = all_reduce(out)  # [tokens, out]
-        return out if self.bias is None else out + self.bias
-
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """[tokens, sum(output_partition_sizes)] -> one view per merged shard."""
         return tuple(out.split(self.output_partition_sizes, dim=-1))

@@ -9,20 +9,13 @@ all-gathers them, dropping the padding columns. At tp = 1 both are the plain lay
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from folio.kernels.gemv import gemv, use_gemv
 from folio.layers.checkpoint_slice import as_tensor
 from folio.layers.linear import check_shape
 from folio.parallel import all_gather, all_reduce, get_tp_rank, get_tp_size
-
-# The LM head of a batch-1 decode step through the Triton GEMV (as the linear layers);
-# FOLIO_LM_HEAD_GEMV=0 keeps cuBLAS there (the A/B switch).
-LM_HEAD_GEMV = os.environ.get("FOLIO_LM_HEAD_GEMV", "1") != "0"
 
 
 class VocabParallelRows(nn.Module):
@@ -87,10 +80,7 @@ class LMHead(VocabParallelRows):
         self.weight = embedding.weight
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if LM_HEAD_GEMV and use_gemv(hidden_states, self.weight):  # one 16-bit CUDA row: batch-1 decode
-            logits = gemv(hidden_states, self.weight, self.bias)  # [1, vocab / tp (padded)]
-        else:
-            logits = F.linear(hidden_states, self.weight, self.bias)  # [n, vocab / tp (padded)]
+        logits = F.linear(hidden_states, self.weight, self.bias)  # [n, vocab / tp (padded)]
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)[:, : self.num_embeddings]  # [n, vocab]
         return logits.float()

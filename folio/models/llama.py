@@ -160,12 +160,7 @@ class LlamaMLP(nn.Module):
         fused = getattr(self.gate_up_proj, "silu_and_mul", None)  # a LoRA layer: its delta inside the activation
         if fused is not None:
             return self.down_proj(fused(x))  # [tokens, hidden]
-        gate_up = self.gate_up_proj(x)  # [tokens, 2 * inter]
-        # One CUDA row (batch-1 decode): the down projection's GEMV activates its own input. A
-        # LoRA-wrapped down_proj has no forward_silu_mul, so its delta is never skipped.
-        into_down = getattr(self.down_proj, "forward_silu_mul", None)
-        out = into_down(gate_up) if into_down is not None else None
-        return out if out is not None else self.down_proj(self.act_fn(gate_up))  # [tokens, hidden]
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # [tokens, hidden]
 
 
 class LlamaDecoderLayer(nn.Module):

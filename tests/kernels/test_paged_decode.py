@@ -62,14 +62,13 @@ def test_split_on_and_off_agree(device):
 @pytest.mark.parametrize("window", [None, 20])
 def test_merge_by_the_last_split_equals_the_merge_kernel(device, window):
     """The last of a group's splits to finish merges them (a counter per sequence and KV head):
-    the same rows as the separate merge launch, the same bits on every repeat, padding untouched
-    and every counter back at zero."""
+    the same bits as the separate merge launch on every repeat, padding untouched and every
+    counter back at zero."""
     batch = _decode_batch(device, seed=3)
     real, pad = batch.real_rows.to(device), batch.padding_rows.to(device)
     apart = _decode(batch, 8, window, fused_merge=False)
     fused = [_decode(batch, 8, window, fused_merge=True) for _ in range(3)]
-    torch.testing.assert_close(fused[0][real], apart[real], atol=2e-6, rtol=2e-6)
-    assert all(torch.equal(f[real], fused[0][real]) for f in fused[1:])
+    assert all(torch.equal(f[real], apart[real]) for f in fused)
     assert fused[0][pad].isnan().all()
     assert _decode_counters_are_zero(device)
 
@@ -152,7 +151,7 @@ def test_full_size_fused_merge_under_graph_replay(num_seqs):
     splits = choose_num_splits(num_seqs, 8, torch.cuda.get_device_properties(0).multi_processor_count)
     apart = _decode(batch, splits, scale=128**-0.5, min_split_tokens=64, fused_merge=False)
     fused = _decode(batch, splits, scale=128**-0.5, min_split_tokens=64, fused_merge=True)
-    torch.testing.assert_close(fused[real], apart[real], atol=1e-2, rtol=1e-2)
+    assert torch.equal(fused[real], apart[real])
     md = batch.metadata
     out = torch.zeros_like(batch.query)
     graph = torch.cuda.CUDAGraph()

@@ -10,7 +10,6 @@ from folio.kernels.w4a16_gemm import (
     pack_rows,
     pick_config,
     unpack_rows,
-    w4a16_gated_linear,
     w4a16_gemm_triton,
     w4a16_reference,
 )
@@ -97,28 +96,6 @@ def test_denormal_gemv_keeps_float32_accuracy_at_any_activation_scale(device, sc
     assert ((out - expected).abs() <= 1e-5 * bound).all(), ((out - expected).abs() / bound).max()
 
 
-@pytest.mark.parametrize(("k", "n", "group", "asym", "split_k", "reduce"),
-                         [(64, 24, 32, False, 1, 0), (256, 40, 128, True, 2, 1), (384, 17, 64, False, 4, 1)])
-def test_gated_gemv_is_silu_and_mul_then_the_gemv_bit_for_bit(device, k, n, group, asym, split_k, reduce):
-    """A gated MLP's down projection at batch 1: silu(gate) * up made as the GEMV loads its input
-    gives the same bits as the activation kernel followed by the GEMV."""
-    from folio.kernels.activation import silu_and_mul_triton
-
-    gen = torch.Generator().manual_seed(k * n)
-    dtype = torch.bfloat16
-    qweight, scales, zeros, _ = _random_int4(k, n, group, asym, gen, device)
-    gate_up = (3 * torch.randn(1, 2 * k, generator=gen)).to(device=device, dtype=dtype)
-    cfg = dict(GEMV=1, BLOCK_N=16, BLOCK_K=32, SPLIT_K=split_k, num_warps=4, REDUCE=reduce, STEP=2)
-    fused = w4a16_gemm_triton(gate_up, qweight, scales, zeros, group, config=cfg, gated=True)
-    apart = w4a16_gemm_triton(silu_and_mul_triton(gate_up), qweight, scales, zeros, group, config=cfg)
-    assert fused.shape == (1, n) and torch.equal(fused, apart)
-    with pytest.raises(ValueError, match="denormal step"):
-        w4a16_gemm_triton(gate_up, qweight, scales, zeros, group, config={**cfg, "STEP": 1}, gated=True)
-    with pytest.raises(ValueError, match="one gate/up row"):
-        w4a16_gemm_triton(gate_up[:, :-1], qweight, scales, zeros, group, config=cfg, gated=True)
-    assert w4a16_gated_linear(gate_up.cpu(), qweight.cpu(), scales.cpu(), None, group) is None  # CPU: two steps
-
-
 def test_gemv_step_switch_names_its_choices(monkeypatch):
     from folio.kernels import w4a16_gemv
 
@@ -191,18 +168,3 @@ def test_reduce_in_kernel_under_graph_replays(warps, split_k):
         assert torch.equal(captured, want)
     assert all(torch.equal(g, want) for g in got)
     assert int(w4a16_gemv._COUNTERS[(x.device, "gemv")].sum()) == 0
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(("k", "n"), [(14336, 4096), (3072, 1024)])
-def test_full_size_gated_linear_equals_the_activation_then_the_gemv(k, n):
-    from folio.kernels.activation import silu_and_mul_triton
-    from folio.kernels.w4a16_gemm import w4a16_linear
-
-    gen = torch.Generator().manual_seed(k)
-    qweight, scales, zeros, _ = _random_int4(k, n, 128, True, gen, "cuda")
-    gate_up = (3 * torch.randn(1, 2 * k, generator=gen)).to("cuda", torch.bfloat16)
-    bias = torch.randn(n, generator=gen).to("cuda", torch.bfloat16)
-    fused = w4a16_gated_linear(gate_up, qweight, scales, zeros, 128, bias)
-    assert fused is not None
-    assert torch.equal(fused, w4a16_linear(silu_and_mul_triton(gate_up), qweight, scales, zeros, 128, bias))

@@ -90,17 +90,6 @@ class LinearMethod(ABC):
     ) -> torch.Tensor:  # [tokens, out_per_partition]
         ...
 
-    def apply_silu_mul(
-        self,
-        layer: nn.Module,
-        gate_up: torch.Tensor,  # [tokens, 2 * in_per_partition]: gate then up
-        bias: torch.Tensor | None,
-    ) -> torch.Tensor | None:  # [tokens, out_per_partition]
-        """apply(layer, silu(gate) * up, bias) with the activation inside the matmul's kernel,
-        or None where this method has no such kernel for this call (the caller then runs the
-        activation and apply). A gated MLP's down projection asks (LinearBase.forward_silu_mul)."""
-        return None
-
 
 class UnquantizedLinearMethod(LinearMethod):
     """The weight in the model dtype, [out, in] as checkpoints store it; y = x W^T + b."""
@@ -127,14 +116,6 @@ class UnquantizedLinearMethod(LinearMethod):
         if use_gemv(x, layer.weight):
             return gemv(x, layer.weight, bias)  # [1, out]
         return F.linear(x, layer.weight, bias)  # [tokens, out]
-
-    def apply_silu_mul(
-        self, layer: nn.Module, gate_up: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor | None:
-        """One 16-bit CUDA row: the GEMV makes silu(gate) * up as it loads its input."""
-        if use_gemv(gate_up, layer.weight, gated=True):
-            return gemv(gate_up, layer.weight, bias, gated=True)  # [1, out]
-        return None
 
 
 class QuantizationConfig(ABC):

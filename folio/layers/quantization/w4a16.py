@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from folio.kernels.w4a16_gemm import PACK, pack_rows, unpack_rows, w4a16_gated_linear, w4a16_linear
+from folio.kernels.w4a16_gemm import PACK, pack_rows, unpack_rows, w4a16_linear
 from folio.layers.quantization.base import LinearMethod, new_param
 
 Layout = Literal["gptq", "gptq_v2", "awq", "compressed-tensors", "rtn"]
@@ -181,12 +181,3 @@ class W4A16LinearMethod(LinearMethod):
             x2 = x2.index_select(1, layer.w4_perm)  # columns in the repacked row order
         out = w4a16_linear(x2, layer.w4_qweight, layer.w4_scales, layer.w4_zeros, layer.w4_group_size, bias)
         return out.reshape(*x.shape[:-1], out.shape[-1])  # [..., N]
-
-    def apply_silu_mul(
-        self, layer: nn.Module, gate_up: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor | None:
-        """One CUDA row in the input's row order (no act-order permutation): the GEMV makes
-        silu(gate) * up as it loads its input (w4a16_gated_linear)."""
-        if layer.w4_perm is not None:
-            return None
-        return w4a16_gated_linear(gate_up, layer.w4_qweight, layer.w4_scales, layer.w4_zeros, layer.w4_group_size, bias)
