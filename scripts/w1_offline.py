@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         model=folder, load_format="dummy", dtype="bfloat16", enforce_eager=args.enforce_eager,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
         attention_backend=args.attention_backend,
+        **({"quantization": args.quantization} if args.quantization else {}),
     )
     startup = time.perf_counter() - start
     engine = llm.llm_engine
@@ -192,6 +193,7 @@ def run_w1(args: argparse.Namespace, engine, mode: str) -> dict:
         params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n, output_kind=kind)
         engine.add_request(f"w1-{i}", {"prompt_token_ids": prompt}, params)
     tag = ("eager" if args.enforce_eager else "graphs") + ("-gc" if args.gc_freeze else "") + f"-{mode}"
+    tag += f"-{args.quantization}" if args.quantization else ""
     timeline = Timeline(engine, f"{args.config}-{tag}") if args.timeline else None
     lo, hi = (int(x) for x in args.profile_steps.split(":")) if args.profile_steps else (-1, -1)
     profiler, finished, step = None, {}, 0
@@ -210,11 +212,16 @@ def run_w1(args: argparse.Namespace, engine, mode: str) -> dict:
         if step == hi and profiler is not None:
             profiler.__exit__(None, None, None)
             _save_profile(profiler, args.out, tag)
+            profiler = None
     elapsed = time.perf_counter() - start
+    if profiler is not None:  # HI past the last step: the profile ends with the run
+        profiler.__exit__(None, None, None)
+        _save_profile(profiler, args.out, tag)
     wrong = [i for i, n in enumerate(out_lens) if finished.get(f"w1-{i}") != n]
     result = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "config": args.config,
+        "quantization": args.quantization,
         "scheduling": mode,
         "enforce_eager": args.enforce_eager,
         "triton_kernels": not args.no_triton_kernels,
@@ -244,7 +251,7 @@ def _untime(engine) -> None:
 
 
 def _save_profile(profiler, out: str | None, tag: str) -> None:
-    table = profiler.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    table = profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
     print(table)
     if out:
         with open(os.path.join(out, f"profile-{tag}.txt"), "w") as f:
@@ -259,6 +266,7 @@ def main() -> None:
     parser.add_argument("--no-triton-kernels", action="store_true", help="torch RMSNorm/rotary/SiLU")
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--timeline", action="store_true")
+    parser.add_argument("--quantization", default=None, help="e.g. fp8 (online from the dummy bf16 weights)")
     parser.add_argument("--profile-steps", default=None, help="LO:HI engine steps under torch.profiler")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--output-kind", default="final", choices=["final", "cumulative"])

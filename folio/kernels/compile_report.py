@@ -117,10 +117,8 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
         cases.append(f"unified max_query_len={max_q}")
     paged_decode(q, kv, qsl, lens, tables, seqs, 0.1, num_splits=1)
     cases.append("decode no split")
-    paged_decode(q, kv, qsl, lens, tables, seqs, 0.1, num_splits=8, fused_merge=False)
+    paged_decode(q, kv, qsl, lens, tables, seqs, 0.1, num_splits=8)
     cases += ["decode 8 splits", "merge 8 splits"]
-    paged_decode(q, kv, qsl, lens, tables, seqs, 0.1, num_splits=8, fused_merge=True)
-    cases.append("decode 8 splits + merge")
     x = torch.zeros(t, 1024, dtype=dtype)
     rms_norm_triton(x, torch.zeros(1024, dtype=dtype), 1e-6, x.clone())
     cases.append("hidden 1024 + residual")

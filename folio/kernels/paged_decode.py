@@ -7,11 +7,8 @@ Design:
   once per group through the block table in TILE_N-token tiles, as in paged_attention.py. No
   causal mask is needed: the token is the last one of its sequence.
 - With num_splits == 1 the program normalises and writes the output row itself. Otherwise each
-  split writes its unnormalised float32 accumulator and (running max in log2 units, running sum),
-  and the last of a (sequence, KV head)'s splits to finish (a counter each, taken with acq_rel
-  after a barrier, as the GEMV's split-K sum) combines them by log-sum-exp, as _merge_splits_kernel
-  does (the same bits), and writes the group's rows: one launch per layer. FOLIO_DECODE_FUSED_MERGE=0 keeps the separate
-  _merge_splits_kernel launch (the A/B switch).
+  split writes its unnormalised float32 accumulator and (running max in log2 units, running sum);
+  _merge_splits_kernel combines them by log-sum-exp.
 - The split size is computed on the device per sequence: cdiv(visible, num_splits) rounded up to
   TILE_N, but at least min_split_tokens, so a short sequence uses fewer splits than launched and
   the surplus programs exit at once. The grid thus depends only on the batch size and the chosen
@@ -37,7 +34,6 @@ from folio.kernels.triton_compat import (
     tl,
     triton,
 )
-from folio.kernels.w4a16_gemv import _split_counters
 
 MAX_SPLITS = 32
 PROGRAMS_PER_SM = 4  # decode programs wanted per SM in the grid (see choose_num_splits)
@@ -45,7 +41,6 @@ PROGRAMS_PER_SM = 4  # decode programs wanted per SM in the grid (see choose_num
 # 256, measured (session 8, H100, batch-1 decode): 8B 6.32 -> 6.19 ms, 0.6B 1.37 -> 1.29 ms (32:
 # 6.23 / 1.33). FOLIO_DECODE_MIN_SPLIT_TOKENS changes it (the A/B switch).
 MIN_SPLIT_TOKENS = int(os.environ.get("FOLIO_DECODE_MIN_SPLIT_TOKENS", "64"))
-FUSED_MERGE = os.environ.get("FOLIO_DECODE_FUSED_MERGE", "1") != "0"
 
 
 @triton.jit
@@ -63,7 +58,6 @@ def _paged_decode_kernel(
     part_out_ptr,  # [num_seqs, num_heads, NUM_SPLITS, DIM_PAD] float32  (NUM_SPLITS > 1)
     part_m_ptr,  # [num_seqs, num_heads, NUM_SPLITS] float32, running max * log2(e)
     part_l_ptr,  # [num_seqs, num_heads, NUM_SPLITS] float32, running sum
-    counter_ptr,  # [num_seqs * num_kv_heads] int32, zero between launches (MERGE)
     query_ptr,  # [num_tokens, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -92,7 +86,6 @@ def _paged_decode_kernel(
     SLIDING_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (triton_compat.pdl_launch)
-    MERGE: tl.constexpr,  # NUM_SPLITS > 1: the last split to finish merges (_merge_group)
 ):
     pdl_wait(PDL)
     seq = tl.program_id(0)
@@ -106,7 +99,7 @@ def _paged_decode_kernel(
     kv_lo = 0
     if SLIDING_WINDOW > 0:
         kv_lo = tl.maximum(seq_len - SLIDING_WINDOW, 0)
-    per_split, used = _split_size(kv_lo, seq_len, NUM_SPLITS, TILE_N, min_split_tokens)
+    per_split, _ = _split_size(kv_lo, seq_len, NUM_SPLITS, TILE_N, min_split_tokens)
     start = kv_lo + split * per_split
     if start >= seq_len:
         return  # this sequence needs fewer splits than were launched
@@ -166,37 +159,6 @@ def _paged_decode_kernel(
         tl.store(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], acc * v_scale, mask=row_valid[:, None])
         tl.store(part_m_ptr + part, m_i, mask=row_valid)
         tl.store(part_l_ptr + part, l_i, mask=row_valid)
-        if MERGE:
-            tl.debug_barrier()  # every thread's partials are stored before the counter moves
-            slot = seq * tl.num_programs(1) + kv_head
-            if tl.atomic_add(counter_ptr + slot, 1, sem="acq_rel") == used - 1:
-                _merge_group(out_ptr, part_out_ptr, part_m_ptr, part_l_ptr, q_row, kv_head,
-                             seq.to(tl.int64) * NUM_HEADS, used, o_stride_t, o_stride_h, GROUP, HEAD_DIM, DIM_PAD,
-                             NUM_SPLITS)
-                tl.atomic_xchg(counter_ptr + slot, 0)
-
-
-@triton.jit
-def _merge_group(out_ptr, part_out_ptr, part_m_ptr, part_l_ptr, q_row, kv_head, seq_heads, used, o_stride_t,
-                 o_stride_h, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-                 NUM_SPLITS: tl.constexpr):
-    """_merge_splits_kernel's log-sum-exp for each of a KV head's GROUP query heads (unrolled, all
-    splits of a head loaded at once: no round trip per split), the same arithmetic so the same
-    bits. The partials come from other SMs: read from L2 (.cg), after the counter's acquire."""
-    splits = tl.arange(0, NUM_SPLITS)
-    active = splits < used
-    dims = tl.arange(0, DIM_PAD)
-    for g in tl.static_range(GROUP):
-        head = kv_head * GROUP + g
-        part = (seq_heads + head) * NUM_SPLITS + splits  # [NUM_SPLITS]
-        m = tl.load(part_m_ptr + part, mask=active, other=float("-inf"), cache_modifier=".cg")
-        l = tl.load(part_l_ptr + part, mask=active, other=0.0, cache_modifier=".cg")
-        weight = tl.exp2(m - tl.max(m, 0))
-        acc = tl.load(part_out_ptr + part[:, None] * DIM_PAD + dims[None, :], mask=active[:, None], other=0.0,
-                      cache_modifier=".cg")
-        result = tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)  # [DIM_PAD]
-        tl.store(out_ptr + q_row * o_stride_t + head * o_stride_h + dims, result.to(out_ptr.dtype.element_ty),
-                 mask=dims < HEAD_DIM)
 
 
 @triton.jit
@@ -262,7 +224,6 @@ def paged_decode(
     config: TileConfig | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    fused_merge: bool | None = None,  # None: FUSED_MERGE (FOLIO_DECODE_FUSED_MERGE)
 ) -> torch.Tensor:
     """Decode attention, split over the context when num_splits > 1 (a power of two <= 32).
     An FP8 kv_cache holds K / k_scale and V / v_scale.
@@ -297,21 +258,18 @@ def paged_decode(
     config.check(next_power_of_2(group))
     tile_n = config.tile_n
     min_split_tokens = -(-min_split_tokens // tile_n) * tile_n
-    merge_in_kernel = num_splits > 1 and (FUSED_MERGE if fused_merge is None else fused_merge)
     if num_splits > 1:
         part_out = torch.empty(num_seqs, num_heads, num_splits, dim_pad, dtype=torch.float32, device=device)
         part_m = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=device)
         part_l = torch.empty_like(part_m)
     else:  # unused by the kernel; any tensor will do as a pointer
         part_out = part_m = part_l = out
-    counters = _split_counters(num_seqs * num_kv_heads, device, "decode") if merge_in_kernel else seq_lens
     k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, kv_heads, dim] each
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         out,
         part_out,
         part_m,
         part_l,
-        counters,
         query,
         k_cache,
         v_cache,
@@ -339,12 +297,11 @@ def paged_decode(
         NUM_SPLITS=num_splits,
         SLIDING_WINDOW=sliding_window or 0,
         DOT_PRECISION=dot_precision(query.dtype),
-        MERGE=merge_in_kernel,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl_launch(query),
     )
-    if num_splits > 1 and not merge_in_kernel:
+    if num_splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
             out,
             part_out,

@@ -278,22 +278,21 @@ def gemv_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> in
     return split_k
 
 
-_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []
 
 
-def _split_counters(tiles: int, device: torch.device, owner: str = "gemv") -> torch.Tensor:
-    """Counters for kernels whose last program to arrive finishes the work (the REDUCE GEMVs,
-    owner "gemv"; the split-KV decode's merge, "decode"): zero between launches (that program
-    zeroes its own), one buffer per owner and device, shared by that owner's launches (they must
-    run on one stream, one at a time), grown when a wider launch comes (outside graph capture;
-    outgrown buffers are kept alive, since a graph captured earlier may still use them)."""
-    counters = _COUNTERS.get((device, owner))
+def _split_counters(tiles: int, device: torch.device) -> torch.Tensor:
+    """The REDUCE GEMV's per-tile counters: zero between launches (each tile's last program
+    zeroes its own), shared by every GEMM on the device (REDUCE GEMMs must run on one stream,
+    one at a time), grown when a wider GEMM comes (outside graph capture; outgrown buffers are
+    kept alive, since a graph captured earlier may still use them)."""
+    counters = _COUNTERS.get(device)
     if counters is None or counters.numel() < tiles:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"{owner}: {tiles} counters first needed inside a CUDA graph capture; "
-                               "run the kernel once before capturing.")
+            raise RuntimeError(f"w4a16 REDUCE: {tiles} column tiles first seen inside a CUDA graph capture; "
+                               "run the GEMM once before capturing.")
         if counters is not None:
             _RETIRED.append(counters)  # a captured graph may still hold its address
-        counters = _COUNTERS[(device, owner)] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        counters = _COUNTERS[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
     return counters

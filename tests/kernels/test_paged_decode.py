@@ -21,20 +21,13 @@ def _decode_batch(device, seq_lens=SEQ_LENS, num_heads=6, num_kv_heads=2, head_d
                             dtype=dtype, device=device, pad_tokens=2, seed=seed)
 
 
-def _decode(batch, num_splits, sliding_window=None, scale=0.3, min_split_tokens=16, fused_merge=None):
+def _decode(batch, num_splits, sliding_window=None, scale=0.3, min_split_tokens=16):
     md = batch.metadata
     out = torch.full_like(batch.query, float("nan"))
     paged_decode(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables,
                  md.num_seqs, scale, sliding_window, num_splits=num_splits,
-                 min_split_tokens=min_split_tokens, out=out, fused_merge=fused_merge)
+                 min_split_tokens=min_split_tokens, out=out)
     return out
-
-
-def _decode_counters_are_zero(device) -> bool:
-    from folio.kernels import w4a16_gemv
-
-    buffers = [c for (d, owner), c in w4a16_gemv._COUNTERS.items() if owner == "decode" and d.type == torch.device(device).type]
-    return len(buffers) == 1 and int(buffers[0].sum()) == 0
 
 
 @pytest.mark.parametrize("num_splits", [1, 4, 8])
@@ -57,20 +50,6 @@ def test_split_on_and_off_agree(device):
     one = _decode(batch, 1)[real]
     many = _decode(batch, 16, min_split_tokens=32)[real]
     torch.testing.assert_close(one, many, atol=2e-6, rtol=2e-6)
-
-
-@pytest.mark.parametrize("window", [None, 20])
-def test_merge_by_the_last_split_equals_the_merge_kernel(device, window):
-    """The last of a group's splits to finish merges them (a counter per sequence and KV head):
-    the same bits as the separate merge launch on every repeat, padding untouched and every
-    counter back at zero."""
-    batch = _decode_batch(device, seed=3)
-    real, pad = batch.real_rows.to(device), batch.padding_rows.to(device)
-    apart = _decode(batch, 8, window, fused_merge=False)
-    fused = [_decode(batch, 8, window, fused_merge=True) for _ in range(3)]
-    assert all(torch.equal(f[real], apart[real]) for f in fused)
-    assert fused[0][pad].isnan().all()
-    assert _decode_counters_are_zero(device)
 
 
 @pytest.mark.parametrize(
@@ -137,29 +116,3 @@ def test_full_size_qwen3_decode(num_seqs):
     for num_splits in {1, splits}:
         out = _decode(batch, num_splits, scale=128**-0.5, min_split_tokens=256)
         assert_close(out[real], expected[real], torch.bfloat16)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_seqs", [1, 4, 33])
-def test_full_size_fused_merge_under_graph_replay(num_seqs):
-    """Batch-1 decode's case on the GPU (8 KV heads, 32 splits, contexts of a few hundred tokens):
-    the last-split merge equals the merge kernel, eagerly and replayed from a CUDA graph."""
-    gen = torch.Generator().manual_seed(num_seqs)
-    seq_lens = torch.randint(60, 700, (num_seqs,), generator=gen).tolist()
-    batch = make_paged_batch([1] * num_seqs, seq_lens, 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda")
-    real = batch.real_rows.cuda()
-    splits = choose_num_splits(num_seqs, 8, torch.cuda.get_device_properties(0).multi_processor_count)
-    apart = _decode(batch, splits, scale=128**-0.5, min_split_tokens=64, fused_merge=False)
-    fused = _decode(batch, splits, scale=128**-0.5, min_split_tokens=64, fused_merge=True)
-    assert torch.equal(fused[real], apart[real])
-    md = batch.metadata
-    out = torch.zeros_like(batch.query)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        paged_decode(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs,
-                     128**-0.5, num_splits=splits, min_split_tokens=64, out=out, fused_merge=True)
-    for _ in range(5):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out[real], fused[real])
-    assert _decode_counters_are_zero("cuda")
