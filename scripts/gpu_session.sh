@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -114,6 +114,8 @@ ncu-gemv) part ncu-gemv  # issue 13: Nsight Compute counters of the W4A16 GEMV (
   timeout 300 ncu --clock-control none --kernel-name regex:_w4a16_gemv_kernel --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     python3 scripts/gemv_once.py > "$OUT/ncu-gemv.txt" 2>&1; grep -E "Throughput|Occupancy|Stall|Duration|Registers|Waves" "$OUT/ncu-gemv.txt" | head -60 ;;
+kernels-decode) part kernels-decode  # decode attention, bf16 and FP8 caches, against the copy roofline
+  mkdir -p "$OUT/kdecode"; timeout 200 python3 -m folio.kernels.benchmark --only decode --out "$OUT/kdecode" 2>&1 | tail -12 ;;
 kernels-sampling) part kernels-sampling  # fused Gumbel-max draw vs the torch race
   mkdir -p "$OUT/ksample"; timeout 120 python3 -m folio.kernels.benchmark --only sampling --out "$OUT/ksample" 2>&1 | tail -14 ;;
 latency-qwen|latency-llama|vs-vllm-latency-qwen|vs-vllm-latency-llama) part $p
@@ -142,8 +144,8 @@ prefill-profile) part prefill-profile  # issue 11: device time by kernel of one 
     timeout 200 python3 scripts/prefill_profile.py --model $1 --prompt-len $2 2>&1 | grep "^PREFILL"
   done ;;
 w1-profile) part w1-profile  # issue 13: W1 on the 8B under torch.profiler, bf16 then FP8 (W1_PROFILE_QUANT), kernels by device time
-  for Q in ${W1_PROFILE_QUANT:-none fp8}; do
-    A=""; [ "$Q" = none ] || A="--quantization $Q"
+  for Q in ${W1_PROFILE_QUANT:-none fp8}; do  # none, fp8, fp8-kv (FP8 weights and KV cache)
+    case $Q in none) A="";; fp8-kv) A="--quantization fp8 --kv-cache-dtype fp8";; *) A="--quantization $Q";; esac
     timeout 240 python3 scripts/w1_offline.py --config llama-3.1-8b --modes async --profile-steps 0:100000 $A \
       --out "$OUT" 2>&1 | grep -E '"(output_tok_per_s|elapsed_s|steps|quantization)"'
   done ;;

@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
         attention_backend=args.attention_backend,
         **({"quantization": args.quantization} if args.quantization else {}),
+        **({"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}),
     )
     startup = time.perf_counter() - start
     engine = llm.llm_engine
@@ -194,6 +195,7 @@ def run_w1(args: argparse.Namespace, engine, mode: str) -> dict:
         engine.add_request(f"w1-{i}", {"prompt_token_ids": prompt}, params)
     tag = ("eager" if args.enforce_eager else "graphs") + ("-gc" if args.gc_freeze else "") + f"-{mode}"
     tag += f"-{args.quantization}" if args.quantization else ""
+    tag += f"-kv{args.kv_cache_dtype}" if args.kv_cache_dtype else ""
     timeline = Timeline(engine, f"{args.config}-{tag}") if args.timeline else None
     lo, hi = (int(x) for x in args.profile_steps.split(":")) if args.profile_steps else (-1, -1)
     profiler, finished, step = None, {}, 0
@@ -222,6 +224,7 @@ def run_w1(args: argparse.Namespace, engine, mode: str) -> dict:
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "config": args.config,
         "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "scheduling": mode,
         "enforce_eager": args.enforce_eager,
         "triton_kernels": not args.no_triton_kernels,
@@ -267,6 +270,7 @@ def main() -> None:
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--timeline", action="store_true")
     parser.add_argument("--quantization", default=None, help="e.g. fp8 (online from the dummy bf16 weights)")
+    parser.add_argument("--kv-cache-dtype", default=None, help="e.g. fp8")
     parser.add_argument("--profile-steps", default=None, help="LO:HI engine steps under torch.profiler")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--output-kind", default="final", choices=["final", "cumulative"])

@@ -138,7 +138,31 @@ def decode_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
 
                 name = f"decode seqs={num_seqs} ctx={lo}-{hi} splits={splits} {config or 'default'}"
                 rows.append(_row(name, run, check, nbytes, flops, device, ceilings))
+        if dtype != torch.float32:
+            rows.append(_fp8_cache_decode_row(batch, num_seqs, lo, hi, heuristic, device, ceilings))
     return rows
+
+
+def _fp8_cache_decode_row(batch, num_seqs, lo, hi, splits, device, ceilings) -> Row:
+    """The same decode step over an FP8 (e4m3) cache: half the K/V bytes, widened in the kernel
+    (`--kv-cache-dtype fp8`); checked against the reference over the same e4m3 values."""
+    md = batch.metadata
+    kv8 = batch.kv_cache.to(torch.float8_e4m3fn)
+    expected = paged_attention_reference(batch.query, kv8.to(batch.query.dtype), md, DIM**-0.5)
+    kv_bytes = sum(md.seq_lens_cpu) * KV_HEADS * DIM * 2
+    nbytes = kv_bytes + 2 * md.num_actual_tokens * HEADS * DIM * batch.query.element_size()
+    out = torch.full_like(batch.query, float("nan"))
+
+    def run():
+        return paged_decode(batch.query, kv8, md.query_start_loc, md.seq_lens, md.block_tables, num_seqs,
+                            DIM**-0.5, num_splits=splits, out=out)
+
+    def check():
+        run()
+        return (out.float() - expected.float()).abs().max()
+
+    name = f"decode seqs={num_seqs} ctx={lo}-{hi} splits={splits} fp8 cache"
+    return _row(name, run, check, nbytes, 0, device, ceilings)
 
 
 def unified_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
@@ -312,7 +336,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU interpreter smoke run)")
     parser.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
-    parser.add_argument("--only", choices=["prefill", "sampling", "quant"], help="run only these cases (and the ceilings)")
+    parser.add_argument("--only", choices=["prefill", "sampling", "quant", "decode"],
+                        help="run only these cases (and the ceilings)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
@@ -325,6 +350,8 @@ def main() -> None:
         rows += elementwise_cases(device, dtype, ceilings, args.tiny)
         rows += decode_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
         rows += unified_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
+    if args.only == "decode":
+        rows += decode_cases(device, dtype, ceilings, gen, args.tiny, args.sweep)
     if args.only in (None, "sampling"):
         rows += sampling_cases(device, ceilings, args.tiny)
     if args.only in (None, "prefill") and dtype != torch.float32:
