@@ -121,7 +121,7 @@ def decode_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
         expected = paged_attention_reference(batch.query, batch.kv_cache, md, DIM**-0.5)
         heuristic = choose_num_splits(num_seqs, KV_HEADS, sms)
         configs = [None]
-        if sweep:
+        if sweep and not os.environ.get("FOLIO_BENCH_FP8_ONLY"):
             configs += [TileConfig(16, t, w, s) for t in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
         for splits in sorted({1, heuristic}):
             for config in configs:
@@ -139,11 +139,15 @@ def decode_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
                 name = f"decode seqs={num_seqs} ctx={lo}-{hi} splits={splits} {config or 'default'}"
                 rows.append(_row(name, run, check, nbytes, flops, device, ceilings))
         if dtype != torch.float32:
-            rows.append(_fp8_cache_decode_row(batch, num_seqs, lo, hi, heuristic, device, ceilings))
+            fp8_configs = [None]
+            if sweep:
+                fp8_configs += [TileConfig(16, t, w, st) for t in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+            for config in fp8_configs:
+                rows.append(_fp8_cache_decode_row(batch, num_seqs, lo, hi, heuristic, device, ceilings, config))
     return rows
 
 
-def _fp8_cache_decode_row(batch, num_seqs, lo, hi, splits, device, ceilings) -> Row:
+def _fp8_cache_decode_row(batch, num_seqs, lo, hi, splits, device, ceilings, config=None) -> Row:
     """The same decode step over an FP8 (e4m3) cache: half the K/V bytes, widened in the kernel
     (`--kv-cache-dtype fp8`); checked against the reference over the same e4m3 values."""
     md = batch.metadata
@@ -155,13 +159,13 @@ def _fp8_cache_decode_row(batch, num_seqs, lo, hi, splits, device, ceilings) -> 
 
     def run():
         return paged_decode(batch.query, kv8, md.query_start_loc, md.seq_lens, md.block_tables, num_seqs,
-                            DIM**-0.5, num_splits=splits, out=out)
+                            DIM**-0.5, num_splits=splits, out=out, config=config)
 
     def check():
         run()
         return (out.float() - expected.float()).abs().max()
 
-    name = f"decode seqs={num_seqs} ctx={lo}-{hi} splits={splits} fp8 cache"
+    name = f"decode seqs={num_seqs} ctx={lo}-{hi} splits={splits} fp8 cache {config or 'default'}"
     return _row(name, run, check, nbytes, 0, device, ceilings)
 
 
