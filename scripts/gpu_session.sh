@@ -115,7 +115,8 @@ ncu-gemv) part ncu-gemv  # issue 13: Nsight Compute counters of the W4A16 GEMV (
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     python3 scripts/gemv_once.py > "$OUT/ncu-gemv.txt" 2>&1; grep -E "Throughput|Occupancy|Stall|Duration|Registers|Waves" "$OUT/ncu-gemv.txt" | head -60 ;;
 kernels-decode) part kernels-decode  # decode attention, bf16 and FP8 caches, against the copy roofline
-  mkdir -p "$OUT/kdecode"; timeout 200 python3 -m folio.kernels.benchmark --only decode --out "$OUT/kdecode" 2>&1 | tail -12 ;;
+  mkdir -p "$OUT/kdecode"; timeout 300 python3 -m folio.kernels.benchmark --only decode ${KDECODE_SWEEP:+--sweep} \
+    --out "$OUT/kdecode" 2>&1 | tail -${KDECODE_LINES:-12} ;;
 kernels-sampling) part kernels-sampling  # fused Gumbel-max draw vs the torch race
   mkdir -p "$OUT/ksample"; timeout 120 python3 -m folio.kernels.benchmark --only sampling --out "$OUT/ksample" 2>&1 | tail -14 ;;
 latency-qwen|latency-llama|vs-vllm-latency-qwen|vs-vllm-latency-llama) part $p
