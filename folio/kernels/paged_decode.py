@@ -41,6 +41,10 @@ PROGRAMS_PER_SM = 4  # decode programs wanted per SM in the grid (see choose_num
 # 256, measured (session 8, H100, batch-1 decode): 8B 6.32 -> 6.19 ms, 0.6B 1.37 -> 1.29 ms (32:
 # 6.23 / 1.33). FOLIO_DECODE_MIN_SPLIT_TOKENS changes it (the A/B switch).
 MIN_SPLIT_TOKENS = int(os.environ.get("FOLIO_DECODE_MIN_SPLIT_TOKENS", "64"))
+# An FP8 (e4m3) cache on CUDA attended in float16: its bytes widened in registers (_e4m3_to_f16;
+# -> bf16 would take a second conversion per element), q pre-scaled into log2 units so it stays
+# far from f16's range limits. FOLIO_DECODE_FP8_F16=0: Triton widens to the query dtype (A/B).
+FP8_AS_F16 = os.environ.get("FOLIO_DECODE_FP8_F16", "1") != "0"
 
 
 @triton.jit
@@ -50,6 +54,16 @@ def _split_size(kv_lo, seq_len, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr, 
     per_split = tl.cdiv(tl.cdiv(visible, NUM_SPLITS), TILE_N) * TILE_N
     per_split = tl.maximum(per_split, min_split_tokens)
     return per_split, tl.cdiv(visible, per_split)
+
+
+@triton.jit
+def _e4m3_to_f16(raw):
+    """e4m3 bytes (uint8) to float16, exactly, in registers: PTX's paired conversion on four
+    bytes at a time. Loading bytes and widening them here keeps the FP8 tile out of the dot
+    operand path, where Triton reads it back from shared memory one byte at a time (LDS.U8)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r", [raw], dtype=tl.float16, is_pure=False, pack=4)
 
 
 @triton.jit
@@ -86,6 +100,7 @@ def _paged_decode_kernel(
     SLIDING_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (triton_compat.pdl_launch)
+    F16_MATH: tl.constexpr,  # an FP8 cache on CUDA: bytes widened in registers, dots in float16 (FP8_AS_F16)
 ):
     pdl_wait(PDL)
     seq = tl.program_id(0)
@@ -116,6 +131,11 @@ def _paged_decode_kernel(
         mask=row_valid[:, None] & dim_valid[None, :],
         other=0.0,
     )  # [BLOCK_M, DIM_PAD]
+    if F16_MATH:  # scores come out in log2 units; |q| * scale_log2 stays well inside f16's range
+        q = (q.to(tl.float32) * scale_log2).to(tl.float16)
+        score_scale = 1.0
+    else:
+        score_scale = scale_log2
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -135,10 +155,16 @@ def _paged_decode_kernel(
         kv_mask = k_valid[:, None] & dim_valid[None, :]
         # An FP8 cache widens to the query dtype here; its scales are folded into scale_log2
         # and applied to the output once (a no-op cast for a model-dtype cache).
-        k = tl.load(k_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(q.dtype)
-        v = tl.load(v_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+        if F16_MATH:  # e4m3 bytes widened in registers, four per instruction pair (_e4m3_to_f16)
+            k = _e4m3_to_f16(tl.load(k_cache_ptr.to(tl.pointer_type(tl.uint8)) + kv_row[:, None] + dims[None, :],
+                                     mask=kv_mask, other=0))
+            v = _e4m3_to_f16(tl.load(v_cache_ptr.to(tl.pointer_type(tl.uint8)) + kv_row[:, None] + dims[None, :],
+                                     mask=kv_mask, other=0))
+        else:
+            k = tl.load(k_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+            v = tl.load(v_cache_ptr + kv_row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(q.dtype)
 
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, TILE_N]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * score_scale  # [BLOCK_M, TILE_N]
         s = tl.where(k_valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile holds >= 1 valid key
         alpha = tl.exp2(m_i - m_new)
@@ -297,6 +323,8 @@ def paged_decode(
         NUM_SPLITS=num_splits,
         SLIDING_WINDOW=sliding_window or 0,
         DOT_PRECISION=dot_precision(query.dtype),
+        F16_MATH=FP8_AS_F16 and kv_cache.is_cuda and kv_cache.dtype == torch.float8_e4m3fn
+        and query.dtype != torch.float32,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl_launch(query),
