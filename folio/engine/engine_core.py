@@ -33,6 +33,7 @@ from folio.engine.engine_loop import (
     Stopped,
 )
 from folio.engine.startup_heap import freeze_startup_heap
+from folio.engine.warm_up import warm_up
 from folio.logger import init_logger
 from folio.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from folio.sampling_params import SamplingParams
@@ -52,6 +53,7 @@ _METRICS_FIELDS = tuple(f.name for f in dataclasses.fields(RequestMetrics))
 class EngineThread:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
+        warm_up(engine)  # on a GPU: the first clients do not pay the first steps' one-time costs
         engine.isolate_request_errors()
         self.model_config: ModelConfig = engine.config.model
         self.tokenizer = engine.get_tokenizer()
@@ -241,6 +243,7 @@ def run_engine_process(make_engine: Callable[[], LLMEngine], conn: Any) -> None:
     _die_with_parent()
     try:
         engine = make_engine()
+        warm_up(engine)  # before Ready: the first clients do not pay the first steps' one-time costs
     except BaseException as e:  # noqa: BLE001 - the parent reports it
         conn.send(Died(f"The engine failed to start: {e}"))
         return

@@ -1,0 +1,42 @@
+"""The served engine's warm-up: runs its requests to the end and leaves nothing that changes a
+client's results (on the CPU it is skipped unless forced; the test forces it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from folio import LLM, SamplingParams
+from folio.engine import warm_up as warm_up_module
+from folio.engine.warm_up import warm_up, wants_warm_up
+from tests.helpers.checkpoints import tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory) -> str:
+    return tiny_model_dir(tmp_path_factory, "llama")
+
+
+def _generate(llm: LLM) -> list[list[int]]:
+    prompts = [{"prompt_token_ids": [1, 5, 9, 2 + i, 7]} for i in range(3)]
+    params = SamplingParams(max_tokens=6, temperature=0.8, ignore_eos=True)  # the engine's own generator
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_warm_up_finishes_its_requests_and_changes_no_result(path, monkeypatch):
+    fresh = _generate(LLM(model=path, dtype="float32", device="cpu", seed=0, max_model_len=128))
+    llm = LLM(model=path, dtype="float32", device="cpu", seed=0, max_model_len=128)
+    engine = llm.llm_engine
+    assert not wants_warm_up(engine)  # the CPU: nothing to warm
+    assert warm_up(engine) == 0.0 and engine.stats().num_computed_tokens == 0
+    monkeypatch.setattr(warm_up_module, "PROMPT_LEN", 100)  # past max_model_len - OUTPUT_LEN: clipped
+    assert warm_up(engine, force=True) > 0
+    assert not engine.has_unfinished_requests()
+    assert engine.stats().num_computed_tokens > 0  # it really ran
+    assert _generate(llm) == fresh  # no state a client's request can see
+
+
+def test_warm_up_refuses_an_engine_that_already_serves(path):
+    llm = LLM(model=path, dtype="float32", device="cpu", seed=0, max_model_len=128)
+    llm.llm_engine.add_request("client-1", {"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=2))
+    with pytest.raises(RuntimeError, match="already has requests"):
+        warm_up(llm.llm_engine, force=True)
