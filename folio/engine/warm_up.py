@@ -5,11 +5,14 @@ The first steps of shapes an engine has not run yet pay one-time costs: Triton k
 offline benchmark hides them in an untimed warm-up run; a server has none, so its first clients
 paid them: W1 through HTTP on an H100 (docs/perf-notes.md, session 10) ran at 16,247 output
 tok/s with a mean time to first token of 1.57 s on a fresh server, and at 18,527 tok/s with 0.68 s
-on the same server's second run. The warm-up here is the benchmarks' own (8 requests, 64
-prompt tokens, 8 outputs each), greedy and sampled, with prompts of several lengths.
+on the same server's second run; 8 short requests first (the offline benchmarks' warm-up) cut
+the TTFT to 0.69 s but left the throughput at 16,531. So the warm-up is shaped like a busy
+server's first seconds: up to 64 requests whose prompts fill 1.25 scheduler steps
+(max_num_batched_tokens), so one full prefill chunk, a mixed chunk + decode step and decode
+batches of many sizes run; 8 new tokens each, greedy and sampled.
 
-Its requests run through the ordinary scheduler, so they appear in the engine's counters (8
-requests, a few hundred tokens) and their blocks may stay in the prefix cache (random tokens
+Its requests run through the ordinary scheduler, so they appear in the engine's counters (up to
+64 requests, ~1.25 x max_num_batched_tokens prompt tokens) and their blocks may stay in the prefix cache (random tokens
 under a salt of their own: no client prompt can match them); the sampler's generator is put
 back, so with `--seed` unseeded requests draw as they would without it. FOLIO_WARM_UP=0 skips it.
 """
@@ -29,9 +32,9 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-REQUESTS = 8
-PROMPT_LEN = 64
+REQUESTS = 64  # at most; never more than max_num_seqs
 OUTPUT_LEN = 8
+FILL = 1.25  # prompt tokens in all, in units of max_num_batched_tokens: a full chunk, then a mixed step
 SALT = "folio-warm-up"
 
 
@@ -53,8 +56,10 @@ def warm_up(engine: LLMEngine, force: bool = False) -> float:
     rng = random.Random(12345)
     vocab = min(engine.config.model.vocab_size, 10001)
     max_len = max(1, engine.config.model.max_model_len - OUTPUT_LEN)
-    for i in range(REQUESTS):
-        length = min(max_len, PROMPT_LEN + 37 * i)  # several lengths: several kernel specialisations
+    count = max(1, min(REQUESTS, engine.config.scheduler.max_num_seqs))
+    mean = FILL * engine.config.scheduler.max_num_batched_tokens / count
+    for i in range(count):
+        length = min(max_len, max(1, int(mean * (0.25 + 1.5 * rng.random()))))  # lengths of every parity
         prompt = [rng.randrange(vocab) for _ in range(length)]
         params = SamplingParams(max_tokens=OUTPUT_LEN, ignore_eos=True, temperature=0.0 if i % 2 == 0 else 0.6,
                                 seed=i)
@@ -64,5 +69,5 @@ def warm_up(engine: LLMEngine, force: bool = False) -> float:
     if generator_state is not None:  # unseeded requests draw as if there had been no warm-up
         sampler.generator.set_state(generator_state)
     elapsed = time.perf_counter() - start
-    logger.info("Warmed up in %.2f s (%d short requests, counted in the engine's stats)", elapsed, REQUESTS)
+    logger.info("Warmed up in %.2f s (%d short requests, counted in the engine's stats)", elapsed, count)
     return elapsed

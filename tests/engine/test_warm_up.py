@@ -28,7 +28,7 @@ def test_warm_up_finishes_its_requests_and_changes_no_result(path, monkeypatch):
     engine = llm.llm_engine
     assert not wants_warm_up(engine)  # the CPU: nothing to warm
     assert warm_up(engine) == 0.0 and engine.stats().num_computed_tokens == 0
-    monkeypatch.setattr(warm_up_module, "PROMPT_LEN", 100)  # past max_model_len - OUTPUT_LEN: clipped
+    monkeypatch.setattr(warm_up_module, "FILL", 40.0)  # prompts past max_model_len - OUTPUT_LEN: clipped
     assert warm_up(engine, force=True) > 0
     assert not engine.has_unfinished_requests()
     assert engine.stats().num_computed_tokens > 0  # it really ran
