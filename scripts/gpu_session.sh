@@ -35,7 +35,7 @@ serve|serve-sync|serve-process) part $p
   SERVER_PID=$!  # timeout's PID: it passes the TERM below on to the server
   for R in $(seq 1 ${SERVE_RUNS:-1}); do  # SERVE_RUNS=2: a second W1 on the same (now warm) server
     timeout 190 python3 -m folio bench serve --base-url http://127.0.0.1:$PORT --model qwen3-0.6b --workload w1 \
-      --ready-timeout 120 --no-progress --json "$OUT/$p-qwen3-0.6b-w1${R#1}.json" 2>&1 | grep -E "wait|duration|Output token|TTFT|ITL|Failed"
+      --ready-timeout 120 --warmup-requests ${SERVE_WARMUP:-1} --no-progress --json "$OUT/$p-qwen3-0.6b-w1${R#1}.json" 2>&1 | grep -E "wait|duration|Output token|TTFT|ITL|Failed"
   done
   python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/metrics').text)" | grep -E "^folio:engine_step"
   kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; grep -E "ready in|ERROR|Traceback" "$OUT/$p.log" | head -5 ;;

@@ -34,12 +34,17 @@ class ServeOptions:
     timeout_s: float = 6 * 3600  # per request
     ready_timeout_s: float = 0.0  # how long to wait for the server to come up before failing
     progress: bool = True
+    # Untimed requests first (the workload's first ones, at most 16 tokens each, all at once), as
+    # the offline benchmark warms its engine up and vLLM's `bench serve` sends a test prompt.
+    warmup_requests: int = 1
 
     def __post_init__(self) -> None:
         if not self.request_rate > 0:
             raise ValueError(f"request_rate must be positive (or inf), got {self.request_rate}.")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}.")
+        if self.warmup_requests < 0:
+            raise ValueError(f"warmup_requests must be >= 0, got {self.warmup_requests}.")
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}.")
 
@@ -76,6 +81,7 @@ async def _run(workload: Workload, options: ServeOptions) -> ServeRun:
     timeout = httpx.Timeout(options.timeout_s, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         waited = await _wait_for_server(client, options)
+        await _warm_up(client, options, workload)
         bar = tqdm(total=workload.num_requests, desc="requests", disable=not options.progress, dynamic_ncols=True)
         gate = asyncio.Semaphore(options.max_concurrency) if options.max_concurrency else None
         offsets = arrival_offsets(workload.num_requests, options.request_rate, options.seed)
@@ -88,6 +94,18 @@ async def _run(workload: Workload, options: ServeOptions) -> ServeRun:
         duration = time.perf_counter() - start
         bar.close()
     return ServeRun(compute_metrics(traces, duration), traces, waited)
+
+
+async def _warm_up(client: httpx.AsyncClient, options: ServeOptions, workload: Workload) -> None:
+    """The untimed requests; a failed one stops the benchmark (the timed run would fail too)."""
+    if options.warmup_requests == 0 or not workload.requests:
+        return
+    picks = [workload.requests[i % workload.num_requests] for i in range(options.warmup_requests)]
+    short = [BenchRequest(r.prompt_token_ids, min(r.output_len, 16)) for r in picks]
+    traces = await asyncio.gather(*(send_request(client, options.url, options.model, r) for r in short))
+    failed = [t for t in traces if not t.success]
+    if failed:
+        raise ValueError(f"{len(failed)} of {len(traces)} warm-up requests failed: {failed[0].error}")
 
 
 async def _send_at(

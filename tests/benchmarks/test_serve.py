@@ -19,7 +19,20 @@ WORKLOAD = random_workload(12, 6, 10, range_ratio=0.5, vocab_limit=500, seed=1)
 
 
 def _options(server: StubServer, **kwargs) -> ServeOptions:
+    kwargs.setdefault("warmup_requests", 0)  # the server sees exactly the workload
     return ServeOptions(base_url=server.base_url, model="stub-model", progress=False, **kwargs)
+
+
+def test_warmup_requests_go_first_untimed_and_short():
+    with StubServer() as server:
+        run = run_serve_benchmark(WORKLOAD, _options(server, warmup_requests=3))
+    assert run.metrics.completed == 10 and len(run.traces) == 10  # only the timed run is measured
+    first = server.state.payloads[:3]
+    want = [(list(r.prompt_token_ids), min(r.output_len, 16)) for r in WORKLOAD.requests[:3]]
+    assert sorted((p["prompt"], p["max_tokens"]) for p in first) == sorted(want)
+    assert len(server.state.payloads) == 13
+    with pytest.raises(ValueError, match="warmup_requests"):
+        _options(server, warmup_requests=-1)
 
 
 def test_streams_token_prompts_and_times_every_token():

@@ -312,6 +312,8 @@ def _register_serve(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab-size", type=int, default=None, help="random: keep token ids below this")
     p.add_argument("--ready-timeout", type=float, default=0.0,
                    help="wait up to this many seconds for the server to answer /v1/models")
+    p.add_argument("--warmup-requests", type=int, default=1,
+                   help="untimed requests sent first, all at once (the workload's first, <= 16 tokens each)")
     _add_workload_args(p)
     p.set_defaults(run=run_serve)
 
@@ -325,6 +327,7 @@ def run_serve(args: argparse.Namespace) -> int:
         base_url=args.base_url, model=args.model, endpoint=args.endpoint,
         request_rate=_rate(args.request_rate), max_concurrency=args.max_concurrency,
         seed=args.seed, ready_timeout_s=args.ready_timeout, progress=not args.no_progress,
+        warmup_requests=args.warmup_requests,
     )
     _say(f"workload: {workload.describe()}; rate {args.request_rate} req/s, "
          f"max concurrency {args.max_concurrency or 'unlimited'}")
@@ -336,7 +339,7 @@ def run_serve(args: argparse.Namespace) -> int:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump({"base_url": args.base_url, "model": args.model, "workload": workload.name,
                        "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
-                       "server_wait_s": run.server_wait_s,
+                       "server_wait_s": run.server_wait_s, "warmup_requests": args.warmup_requests,
                        **run.metrics.to_dict()}, f, indent=2)
             f.write("\n")
     return 0 if run.metrics.failed == 0 and run.metrics.exact_lengths == run.metrics.completed else 1
