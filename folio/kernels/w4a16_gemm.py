@@ -222,6 +222,7 @@ def w4a16_gemm_triton(
     if group_size % block_k:
         raise ValueError(f"w4a16: BLOCK_K={block_k} must divide the group size {group_size}.")
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    split_k = triton.cdiv(k, k_per_split)  # no empty splits (each would launch, sum and store zeros)
     out_dtype = x.dtype if split_k == 1 else torch.float32
     out = torch.empty((split_k, m, n), dtype=out_dtype, device=x.device)
     zeros_arg = zeros if zeros is not None else scales
