@@ -33,7 +33,7 @@ serve|serve-sync|serve-process) part $p
   PORT=18123
   timeout 200 python3 -m folio serve --model $QWEN $COMMON --served-model-name qwen3-0.6b --port $PORT $EXTRA > "$OUT/$p.log" 2>&1 &
   SERVER_PID=$!  # timeout's PID: it passes the TERM below on to the server
-  for R in $(seq 1 ${SERVE_RUNS:-1}); do  # SERVE_RUNS=2: a second W1 on the same (now warm) server
+  for R in $(seq 1 ${SERVE_RUNS:-1}); do  # SERVE_RUNS=2: W1 again on the same server (its prompts then hit the prefix cache)
     timeout 190 python3 -m folio bench serve --base-url http://127.0.0.1:$PORT --model qwen3-0.6b --workload w1 \
       --ready-timeout 120 --warmup-requests ${SERVE_WARMUP:-1} --no-progress --json "$OUT/$p-qwen3-0.6b-w1${R#1}.json" 2>&1 | grep -E "wait|duration|Output token|TTFT|ITL|Failed"
   done

@@ -34,8 +34,8 @@ class ServeOptions:
     timeout_s: float = 6 * 3600  # per request
     ready_timeout_s: float = 0.0  # how long to wait for the server to come up before failing
     progress: bool = True
-    # Untimed requests first (the workload's first ones, at most 16 tokens each, all at once), as
-    # the offline benchmark warms its engine up and vLLM's `bench serve` sends a test prompt.
+    # Untimed requests first (shaped like the workload's first ones, at most 16 tokens each, all at
+    # once), as the offline benchmark warms its engine up and vLLM's `bench serve` sends a test prompt.
     warmup_requests: int = 1
 
     def __post_init__(self) -> None:
@@ -97,11 +97,13 @@ async def _run(workload: Workload, options: ServeOptions) -> ServeRun:
 
 
 async def _warm_up(client: httpx.AsyncClient, options: ServeOptions, workload: Workload) -> None:
-    """The untimed requests; a failed one stops the benchmark (the timed run would fail too)."""
+    """The untimed requests; a failed one stops the benchmark (the timed run would fail too).
+    Their prompts are the workload's first ones reversed: the same lengths and tokens, but no
+    prefix a timed request could find in the server's prefix cache."""
     if options.warmup_requests == 0 or not workload.requests:
         return
     picks = [workload.requests[i % workload.num_requests] for i in range(options.warmup_requests)]
-    short = [BenchRequest(r.prompt_token_ids, min(r.output_len, 16)) for r in picks]
+    short = [BenchRequest(r.prompt_token_ids[::-1], min(r.output_len, 16)) for r in picks]
     traces = await asyncio.gather(*(send_request(client, options.url, options.model, r) for r in short))
     failed = [t for t in traces if not t.success]
     if failed:

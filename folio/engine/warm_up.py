@@ -4,10 +4,9 @@ The first steps of shapes an engine has not run yet pay one-time costs: Triton k
 (or compiled) for new specialisations, cuBLAS heuristics, the caching allocator growing. An
 offline benchmark hides them in an untimed warm-up run; a server has none, so its first clients
 paid them: W1 through HTTP on an H100 (docs/perf-notes.md, session 10) ran at 16,247 output
-tok/s with a mean time to first token of 1.57 s on a fresh server, and at 18,527 tok/s with 0.68 s
-on the same server's second run; 8 short requests first (the offline benchmarks' warm-up) cut
-the TTFT to 0.69 s but left the throughput at 16,531. So the warm-up is shaped like a busy
-server's first seconds: up to 64 requests whose prompts fill 1.25 scheduler steps
+tok/s with a mean time to first token of 1.57 s on a fresh server; 8 short requests first (the
+offline benchmarks' warm-up) gave 16,531 tok/s and 0.69 s, and the warm-up below 16,794. It is
+shaped like a busy server's first seconds: up to 64 requests whose prompts fill 1.25 scheduler steps
 (max_num_batched_tokens), so one full prefill chunk, a mixed chunk + decode step and decode
 batches of many sizes run; 8 new tokens each, greedy and sampled.
 

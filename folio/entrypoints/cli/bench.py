@@ -313,7 +313,8 @@ def _register_serve(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--ready-timeout", type=float, default=0.0,
                    help="wait up to this many seconds for the server to answer /v1/models")
     p.add_argument("--warmup-requests", type=int, default=1,
-                   help="untimed requests sent first, all at once (the workload's first, <= 16 tokens each)")
+                   help="untimed requests sent first, all at once (the workload's first, prompts reversed, "
+                        "<= 16 tokens each)")
     _add_workload_args(p)
     p.set_defaults(run=run_serve)
 
