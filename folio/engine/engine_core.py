@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import multiprocessing
+import operator
 import queue
 import signal
 import threading
@@ -45,9 +46,12 @@ if TYPE_CHECKING:  # light at import: the engine process starts before the serve
 logger = init_logger(__name__)
 
 Deliver = Callable[[Any], None]
-# Outputs cross the pipe as tuples of these fields, in this order.
+# Outputs cross the pipe as tuples of these fields, in this order (every field an __init__
+# argument, in declaration order, so the far side rebuilds them positionally).
 _COMPLETION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOutput))
 _METRICS_FIELDS = tuple(f.name for f in dataclasses.fields(RequestMetrics))
+_completion_tuple = operator.attrgetter(*_COMPLETION_FIELDS)
+_metrics_tuple = operator.attrgetter(*_METRICS_FIELDS)
 
 
 class EngineThread:
@@ -230,9 +234,9 @@ class EngineProcess:
             prompt=prompt,
             prompt_token_ids=token_ids,
             prompt_logprobs=prompt_logprobs,
-            outputs=[CompletionOutput(**dict(zip(_COMPLETION_FIELDS, c))) for c in completions],
+            outputs=[CompletionOutput(*c) for c in completions],
             finished=finished,
-            metrics=RequestMetrics(**dict(zip(_METRICS_FIELDS, metrics))) if metrics is not None else None,
+            metrics=RequestMetrics(*metrics) if metrics is not None else None,
             num_cached_tokens=num_cached_tokens,
         )
 
@@ -310,7 +314,7 @@ def _encode(output: RequestOutput, sent_prompt_logprobs: set[str]) -> tuple:
             prompt_logprobs = output.prompt_logprobs
     if output.finished:
         sent_prompt_logprobs.discard(output.request_id)
-    completions = [tuple(getattr(c, name) for name in _COMPLETION_FIELDS) for c in output.outputs]
+    completions = [_completion_tuple(c) for c in output.outputs]
     m = output.metrics
-    metrics = None if m is None else tuple(getattr(m, name) for name in _METRICS_FIELDS)
+    metrics = None if m is None else _metrics_tuple(m)
     return (output.request_id, completions, output.finished, metrics, output.num_cached_tokens, prompt_logprobs)

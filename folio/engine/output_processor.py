@@ -52,7 +52,10 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.samples)
+        for sample in self.samples:  # a loop, not all(): this runs for every request every step
+            if sample.finish_reason is None:
+                return False
+        return True
 
 
 class OutputProcessor:
@@ -153,17 +156,19 @@ class OutputProcessor:
                 continue
             touched[state.request_id] = state
         outputs = []
+        errors = self._errors
         for state in touched.values():
-            if state.request_id in self._errors:
+            if errors and state.request_id in errors:
                 continue
+            finished = state.finished  # once per request and step (it walks the samples)
             try:
-                output = self._make_output(state)
+                output = self._make_output(state, finished)
             except Exception as e:
                 self._fail(state, e)
                 continue
             if output is not None:
                 outputs.append(output)
-            if state.finished:
+            if finished:
                 state.metrics.finished_time = now
                 self._forget(state)
         return outputs, stopped_by_string
@@ -173,7 +178,8 @@ class OutputProcessor:
             if state.metrics.first_token_time is None:
                 state.metrics.first_token_time = now
             state.metrics.last_token_time = now
-        state.num_cached_tokens = max(state.num_cached_tokens, out.num_cached_tokens)
+        if out.num_cached_tokens > state.num_cached_tokens:
+            state.num_cached_tokens = out.num_cached_tokens
 
     def _update_sample(self, sample: SampleState, out: EngineCoreOutput) -> bool:
         """Apply one step to a sample; True if a stop string ended it (core must be told)."""
@@ -219,31 +225,24 @@ class OutputProcessor:
         return decode_token(self.tokenizer, token_id)
 
     # ---- building RequestOutputs ------------------------------------------------------------
-    def _make_output(self, state: RequestState) -> RequestOutput | None:
+    def _make_output(self, state: RequestState, finished: bool) -> RequestOutput | None:
         kind = state.output_kind
         samples = state.samples
         if len(samples) > state.n:  # best_of: only the n best, once all are done
-            if not state.finished:
+            if not finished:
                 return None
             kind = RequestOutputKind.FINAL_ONLY
             samples = sorted(samples, key=lambda s: -(s.cumulative_logprob or 0.0))[: state.n]
             for rank, sample in enumerate(samples):
                 sample.index = rank
-        if kind == RequestOutputKind.FINAL_ONLY and not state.finished:
+        if kind == RequestOutputKind.DELTA:  # a streamed request's step: the common case
+            completions = [c for c in map(self._delta, samples) if c is not None]
+        elif kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
-        completions = [self._completion(s, kind) for s in samples]
-        if kind == RequestOutputKind.DELTA:
-            completions = [c for c in completions if c is not None]
-        return RequestOutput(
-            request_id=state.request_id,
-            prompt=state.prompt,
-            prompt_token_ids=state.prompt_token_ids,
-            prompt_logprobs=state.prompt_logprobs,
-            outputs=completions,
-            finished=state.finished,
-            metrics=state.metrics,
-            num_cached_tokens=state.num_cached_tokens,
-        )
+        else:
+            completions = [self._completion(s, kind) for s in samples]
+        return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, state.prompt_logprobs,
+                             completions, finished, state.metrics, state.num_cached_tokens)
 
     def _completion(self, sample: SampleState, kind: RequestOutputKind) -> CompletionOutput | None:
         if kind != RequestOutputKind.DELTA:
@@ -264,25 +263,21 @@ class OutputProcessor:
             return None
         finished = sample.finish_reason is not None
         text_end = len(sample.text)
-        if not finished:
+        if not finished and sample.params.stop:  # text that may still become a stop string waits
             text_end = streamable_length(sample.text, sample.params.stop, sample.sent_text)
+        elif text_end < sample.sent_text:
+            text_end = sample.sent_text
         new_tokens = sample.token_ids[sample.sent_tokens :]
         if not finished and not new_tokens and text_end <= sample.sent_text:
             return None
         logprobs = None
         if sample.logprobs is not None:
             logprobs = sample.logprobs[sample.sent_tokens :]
-        delta = CompletionOutput(
-            index=sample.index,
-            text=sample.text[sample.sent_text : text_end],
-            token_ids=new_tokens,
-            cumulative_logprob=sample.cumulative_logprob,
-            logprobs=logprobs,
-            finish_reason=sample.finish_reason,
-            stop_reason=sample.stop_reason,
-        )
+        delta = CompletionOutput(sample.index, sample.text[sample.sent_text : text_end], new_tokens,
+                                 sample.cumulative_logprob, logprobs, sample.finish_reason, sample.stop_reason)
         sample.sent_tokens = len(sample.token_ids)
-        sample.sent_text = max(sample.sent_text, text_end)
+        if text_end > sample.sent_text:
+            sample.sent_text = text_end
         sample.finish_sent = finished
         return delta
 
