@@ -250,7 +250,7 @@ def prefill_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
                     return unified_attention(*common, md.max_query_len, DIM**-0.5, out=out)
                 return prefill_attention(*common, DIM**-0.5, out=out, config=config)
 
-            def check(run=run, out=out):
+            def check(run=run, out=out, expected=expected):
                 run()
                 return (out.float() - expected.float()).abs().max()
 
