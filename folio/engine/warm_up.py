@@ -44,7 +44,8 @@ def wants_warm_up(engine: LLMEngine) -> bool:
 
 def warm_up(engine: LLMEngine, force: bool = False) -> float:
     """Run the warm-up requests to completion; returns the seconds it took (0.0 when skipped).
-    The engine must have no requests of its own yet."""
+    The engine must have no requests of its own yet. A warm-up that fails (a model that cannot
+    generate, a context too short for it) is logged and abandoned: it never keeps a server down."""
     if not (force or wants_warm_up(engine)):
         return 0.0
     if engine.has_unfinished_requests():
@@ -52,21 +53,36 @@ def warm_up(engine: LLMEngine, force: bool = False) -> float:
     start = time.perf_counter()
     sampler = getattr(getattr(engine, "runner", None), "sampler", None)
     generator_state = sampler.generator.get_state() if sampler is not None else None
+    ids: list[str] = []
+    try:
+        _run(engine, ids)
+    except Exception as e:  # noqa: BLE001 - the warm-up is an optimisation; serving goes on without it
+        logger.warning("Warm-up abandoned (%s: %s); serving without it.", type(e).__name__, e)
+        engine.abort_request(ids)
+        return 0.0
+    finally:
+        if generator_state is not None:  # unseeded requests draw as if there had been no warm-up
+            sampler.generator.set_state(generator_state)
+    elapsed = time.perf_counter() - start
+    logger.info("Warmed up in %.2f s (%d short requests, counted in the engine's stats)", elapsed, len(ids))
+    return elapsed
+
+
+def _run(engine: LLMEngine, ids: list[str]) -> None:
+    """Add the requests (their ids go into `ids` as they are added) and step until all finish."""
     rng = random.Random(12345)
     vocab = min(engine.config.model.vocab_size, 10001)
-    max_len = max(1, engine.config.model.max_model_len - OUTPUT_LEN)
+    max_model_len = engine.config.model.max_model_len
+    output_len = max(1, min(OUTPUT_LEN, max_model_len // 2))
+    max_len = max(1, max_model_len - output_len)
     count = max(1, min(REQUESTS, engine.config.scheduler.max_num_seqs))
     mean = FILL * engine.config.scheduler.max_num_batched_tokens / count
     for i in range(count):
         length = min(max_len, max(1, int(mean * (0.25 + 1.5 * rng.random()))))  # lengths of every parity
         prompt = [rng.randrange(vocab) for _ in range(length)]
-        params = SamplingParams(max_tokens=OUTPUT_LEN, ignore_eos=True, temperature=0.0 if i % 2 == 0 else 0.6,
+        params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0 if i % 2 == 0 else 0.6,
                                 seed=i)
-        engine.add_request(f"{SALT}-{i}", {"prompt_token_ids": prompt, "cache_salt": SALT}, params)
+        ids.append(f"{SALT}-{i}")
+        engine.add_request(ids[-1], {"prompt_token_ids": prompt, "cache_salt": SALT}, params)
     while engine.has_unfinished_requests():
         engine.step()
-    if generator_state is not None:  # unseeded requests draw as if there had been no warm-up
-        sampler.generator.set_state(generator_state)
-    elapsed = time.perf_counter() - start
-    logger.info("Warmed up in %.2f s (%d short requests, counted in the engine's stats)", elapsed, count)
-    return elapsed

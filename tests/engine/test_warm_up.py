@@ -40,3 +40,18 @@ def test_warm_up_refuses_an_engine_that_already_serves(path):
     llm.llm_engine.add_request("client-1", {"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError, match="already has requests"):
         warm_up(llm.llm_engine, force=True)
+
+
+def test_warm_up_fits_a_short_context_and_never_fails_the_server(path, monkeypatch):
+    llm = LLM(model=path, dtype="float32", device="cpu", seed=0, max_model_len=6)
+    assert warm_up(llm.llm_engine, force=True) > 0  # prompts and outputs cut to fit 6 tokens
+    engine = LLM(model=path, dtype="float32", device="cpu", seed=0, max_model_len=128).llm_engine
+    calls = []
+
+    def broken_step():
+        calls.append(1)
+        raise RuntimeError("a step failed")
+
+    monkeypatch.setattr(engine, "step", broken_step)
+    assert warm_up(engine, force=True) == 0.0  # logged and abandoned
+    assert calls == [1] and not engine.has_unfinished_requests()
