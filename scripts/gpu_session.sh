@@ -20,6 +20,15 @@ export PYTHONPATH=${SITE:-}. HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARA
 QWEN=folio/benchmarks/configs/qwen3-0.6b; LLAMA=folio/benchmarks/configs/llama-3.1-8b
 COMMON="--load-format dummy --dtype bfloat16 --max-model-len 4096"
 part() { echo "=== $1 $(date +%T)"; }
+# The 8B's quantization arguments by name: bf16 (none), fp8 (weights), fp8-kv (weights and KV cache).
+quant_args() { case $1 in bf16|none) echo "";; fp8-kv) echo "--quantization fp8 --kv-cache-dtype fp8";; *) echo "--quantization $1";; esac; }
+# W1 on the 8B once per quantization named.
+quant_w1() {
+  for Q in "$@"; do
+    timeout 240 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --no-floor $(quant_args $Q) \
+      --no-progress --json "$OUT/quant-w1-$Q.json" 2>&1 | grep -vE "INFO|it/s" | tail -8
+  done
+}
 for p in "$@"; do case $p in
 tests) part tests
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/sample/test_sampler_gpu.py \
@@ -148,22 +157,13 @@ prefill-profile) part prefill-profile  # issue 11: device time by kernel of one 
   done ;;
 w1-profile) part w1-profile  # issue 13: W1 on the 8B under torch.profiler, bf16 then FP8 (W1_PROFILE_QUANT), kernels by device time
   for Q in ${W1_PROFILE_QUANT:-none fp8}; do  # none, fp8, fp8-kv (FP8 weights and KV cache)
-    case $Q in none) A="";; fp8-kv) A="--quantization fp8 --kv-cache-dtype fp8";; *) A="--quantization $Q";; esac
-    timeout 240 python3 scripts/w1_offline.py --config llama-3.1-8b --modes async --profile-steps 0:100000 $A \
+    timeout 240 python3 scripts/w1_offline.py --config llama-3.1-8b --modes async --profile-steps 0:100000 $(quant_args $Q) \
       --out "$OUT" 2>&1 | grep -E '"(output_tok_per_s|elapsed_s|steps|quantization)"'
   done ;;
 quant-w1) part quant-w1  # issue 13: W1 on the 8B, bf16 then FP8 weights (QUANT_W1 picks: bf16 fp8 fp8-kv)
-  for Q in ${QUANT_W1:-bf16 fp8}; do
-    case $Q in bf16) A="";; fp8) A="--quantization fp8";; fp8-kv) A="--quantization fp8 --kv-cache-dtype fp8";; esac
-    timeout 240 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --no-floor $A \
-      --no-progress --json "$OUT/quant-w1-$Q.json" 2>&1 | grep -vE "INFO|it/s" | tail -8
-  done ;;
+  quant_w1 ${QUANT_W1:-bf16 fp8} ;;
 quant) part quant  # issue 13: FP8 W1 vs bf16 on the 8B, int4 batch-1 decode, FP8 KV blocks
-  for Q in bf16 fp8 fp8-kv; do  # FP8 weights, then FP8 weights with the FP8 KV cache
-    case $Q in bf16) A="";; fp8) A="--quantization fp8";; fp8-kv) A="--quantization fp8 --kv-cache-dtype fp8";; esac
-    timeout 240 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --no-floor $A \
-      --no-progress --json "$OUT/quant-w1-$Q.json" 2>&1 | grep -vE "INFO|it/s" | tail -8
-  done
+  quant_w1 bf16 fp8 fp8-kv  # FP8 weights, then FP8 weights with the FP8 KV cache
   timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 2>&1 | grep -vE "INFO|it/s" | tail -12
   timeout 200 python3 -m folio.benchmarks.quantization kv-blocks --model $LLAMA --dtype bfloat16 --max-model-len 131072 2>&1 | grep -vE "INFO|it/s" | tail -8 ;;
 spec-pair) part spec-pair  # issue 15: train the draft/target pair into /tmp/spec-pair (kept for the lease)

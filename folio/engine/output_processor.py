@@ -265,8 +265,6 @@ class OutputProcessor:
         text_end = len(sample.text)
         if not finished and sample.params.stop:  # text that may still become a stop string waits
             text_end = streamable_length(sample.text, sample.params.stop, sample.sent_text)
-        elif text_end < sample.sent_text:
-            text_end = sample.sent_text
         new_tokens = sample.token_ids[sample.sent_tokens :]
         if not finished and not new_tokens and text_end <= sample.sent_text:
             return None

@@ -6,14 +6,15 @@ offline benchmark hides them in an untimed warm-up run; a server has none, so it
 paid them: W1 through HTTP on an H100 (docs/perf-notes.md, session 10) ran at 16,247 output
 tok/s with a mean time to first token of 1.57 s on a fresh server; 8 short requests first (the
 offline benchmarks' warm-up) gave 16,531 tok/s and 0.69 s, and the warm-up below 16,794. It is
-shaped like a busy server's first seconds: up to 64 requests whose prompts fill 1.25 scheduler steps
-(max_num_batched_tokens), so one full prefill chunk, a mixed chunk + decode step and decode
+shaped like a busy server's first seconds: up to 64 requests whose prompts fill 1.25 scheduler
+steps (max_num_batched_tokens), so one full prefill chunk, a mixed chunk + decode step and decode
 batches of many sizes run; 8 new tokens each, greedy and sampled.
 
 Its requests run through the ordinary scheduler, so they appear in the engine's counters (up to
-64 requests, ~1.25 x max_num_batched_tokens prompt tokens) and their blocks may stay in the prefix cache (random tokens
-under a salt of their own: no client prompt can match them); the sampler's generator is put
-back, so with `--seed` unseeded requests draw as they would without it. FOLIO_WARM_UP=0 skips it.
+64 requests, ~1.25 x max_num_batched_tokens prompt tokens) and their blocks may stay in the
+prefix cache (random tokens under a salt of their own: no client prompt can match them); the
+sampler's generator is put back, so with `--seed` unseeded requests draw as they would without
+it. FOLIO_WARM_UP=0 skips it.
 """
 
 from __future__ import annotations

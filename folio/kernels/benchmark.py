@@ -142,31 +142,34 @@ def decode_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
             fp8_configs = [None]
             if sweep:
                 fp8_configs += [TileConfig(16, t, w, st) for t in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
-            for config in fp8_configs:
-                rows.append(_fp8_cache_decode_row(batch, num_seqs, lo, hi, heuristic, device, ceilings, config))
+            rows += _fp8_cache_decode_rows(batch, num_seqs, lo, hi, heuristic, device, ceilings, fp8_configs)
     return rows
 
 
-def _fp8_cache_decode_row(batch, num_seqs, lo, hi, splits, device, ceilings, config=None) -> Row:
-    """The same decode step over an FP8 (e4m3) cache: half the K/V bytes, widened in the kernel
-    (`--kv-cache-dtype fp8`); checked against the reference over the same e4m3 values."""
+def _fp8_cache_decode_rows(batch, num_seqs, lo, hi, splits, device, ceilings, configs) -> list[Row]:
+    """The same decode step over an FP8 (e4m3) cache, once per tile config: half the K/V bytes,
+    widened in the kernel (`--kv-cache-dtype fp8`); checked against the reference over the same
+    e4m3 values (the cache converted and the reference run once for all configs)."""
     md = batch.metadata
     kv8 = batch.kv_cache.to(torch.float8_e4m3fn)
     expected = paged_attention_reference(batch.query, kv8.to(batch.query.dtype), md, DIM**-0.5)
     kv_bytes = sum(md.seq_lens_cpu) * KV_HEADS * DIM * 2
     nbytes = kv_bytes + 2 * md.num_actual_tokens * HEADS * DIM * batch.query.element_size()
-    out = torch.full_like(batch.query, float("nan"))
+    rows = []
+    for config in configs:
+        out = torch.full_like(batch.query, float("nan"))
 
-    def run():
-        return paged_decode(batch.query, kv8, md.query_start_loc, md.seq_lens, md.block_tables, num_seqs,
-                            DIM**-0.5, num_splits=splits, out=out, config=config)
+        def run(config=config, out=out):
+            return paged_decode(batch.query, kv8, md.query_start_loc, md.seq_lens, md.block_tables, num_seqs,
+                                DIM**-0.5, num_splits=splits, out=out, config=config)
 
-    def check():
-        run()
-        return (out.float() - expected.float()).abs().max()
+        def check(run=run, out=out):
+            run()
+            return (out.float() - expected.float()).abs().max()
 
-    name = f"decode seqs={num_seqs} ctx={lo}-{hi} splits={splits} fp8 cache {config or 'default'}"
-    return _row(name, run, check, nbytes, 0, device, ceilings)
+        name = f"decode seqs={num_seqs} ctx={lo}-{hi} splits={splits} fp8 cache {config or 'default'}"
+        rows.append(_row(name, run, check, nbytes, 0, device, ceilings))
+    return rows
 
 
 def unified_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:

@@ -153,8 +153,8 @@ def _paged_decode_kernel(
         next_block = tl.load(table + ahead // BLOCK_SIZE, mask=ahead < end, other=0)
         kv_row = block * cache_stride_block + (k_pos % BLOCK_SIZE) * cache_stride_slot + kv_head * cache_stride_head
         kv_mask = k_valid[:, None] & dim_valid[None, :]
-        # An FP8 cache widens to the query dtype here; its scales are folded into scale_log2
-        # and applied to the output once (a no-op cast for a model-dtype cache).
+        # An FP8 cache widens here (to f16 with F16_MATH, else to the query dtype); its scales are
+        # folded into scale_log2 and applied to the output once (a no-op cast for a model-dtype cache).
         if F16_MATH:  # e4m3 bytes widened in registers, four per instruction pair (_e4m3_to_f16)
             k = _e4m3_to_f16(tl.load(k_cache_ptr.to(tl.pointer_type(tl.uint8)) + kv_row[:, None] + dims[None, :],
                                      mask=kv_mask, other=0))
