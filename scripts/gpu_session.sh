@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -22,11 +22,11 @@ COMMON="--load-format dummy --dtype bfloat16 --max-model-len 4096"
 part() { echo "=== $1 $(date +%T)"; }
 # The 8B's quantization arguments by name: bf16 (none), fp8 (weights), fp8-kv (weights and KV cache).
 quant_args() { case $1 in bf16|none) echo "";; fp8-kv) echo "--quantization fp8 --kv-cache-dtype fp8";; *) echo "--quantization $1";; esac; }
-# W1 on the 8B once per quantization named.
+# W1 on the 8B once per quantization named (W1_TAG: a suffix for the JSON names of an A/B run).
 quant_w1() {
   for Q in "$@"; do
     timeout 240 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --no-floor $(quant_args $Q) \
-      --no-progress --json "$OUT/quant-w1-$Q.json" 2>&1 | grep -vE "INFO|it/s" | tail -8
+      --no-progress --json "$OUT/quant-w1-$Q${W1_TAG:-}.json" 2>&1 | grep -vE "INFO|it/s" | tail -8
   done
 }
 for p in "$@"; do case $p in
@@ -78,6 +78,10 @@ w1-tokenizer) part w1-tokenizer  # W1 Qwen3-0.6B with a 151,936-token tokenizer 
   done ;;
 kernels-quant) part kernels-quant  # issue 13: W4A16 / FP8 GEMMs at the 8B's shapes, W4A16 small-M config sweep
   mkdir -p "$OUT/kquant"; timeout 400 python3 -m folio.kernels.benchmark --only quant --sweep --out "$OUT/kquant" 2>&1 | tail -120 ;;
+kernels-fp8) part kernels-fp8  # issue 13: the FP8 GEMM by token count, cuBLASLt vs the Triton kernel, and the Triton config sweep
+  mkdir -p "$OUT/kfp8"; timeout 420 python3 -m folio.kernels.benchmark --only fp8 ${FP8_SWEEP---sweep} --out "$OUT/kfp8" 2>&1 | tail -300 ;;
+fp8-tests) part fp8-tests  # issue 13: the FP8 GEMMs (cuBLASLt and Triton) against the float32 reference at the 8B's shapes
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_kv_cache.py 2>&1 | tail -8 | tee "$OUT/fp8-tests.txt" ;;
 kernels-quant-ab) part kernels-quant-ab  # issue 13: the quantized GEMMs at the 8B's shapes, default configs, exponent-bit unpack vs conversions
   mkdir -p "$OUT/kquant"; timeout 300 python3 -m folio.kernels.benchmark --only quant --out "$OUT/kquant" 2>&1 | tail -60 ;;
 quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 / FP8, then INT4 with other GEMV settings (same run)

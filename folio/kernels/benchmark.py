@@ -3,6 +3,7 @@
     python -m folio.kernels.benchmark [--sweep] [--out DIR]     # on a GPU
     python -m folio.kernels.benchmark --tiny                    # CPU smoke run (interpreter)
     python -m folio.kernels.benchmark --only quant --sweep      # W4A16 / FP8 GEMMs (benchmark_quant.py)
+    python -m folio.kernels.benchmark --only fp8 --sweep        # FP8 GEMM: cuBLASLt vs Triton by M
 
 First measures the two ceilings on this device (a 1 GiB device copy, bytes read + written; a
 bf16 8192^3 matmul), then for each case: checks the kernel against its torch reference on fresh
@@ -343,7 +344,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU interpreter smoke run)")
     parser.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
-    parser.add_argument("--only", choices=["prefill", "sampling", "quant", "decode"],
+    parser.add_argument("--only", choices=["prefill", "sampling", "quant", "fp8", "decode"],
                         help="run only these cases (and the ceilings)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -367,6 +368,10 @@ def main() -> None:
         from folio.kernels.benchmark_quant import quant_cases
 
         rows += quant_cases(device, dtype, ceilings, args.tiny, args.sweep, _row)
+    if args.only == "fp8":  # the FP8 GEMM alone: cuBLASLt against the Triton kernel, by token count
+        from folio.kernels.benchmark_quant import fp8_gemm_cases
+
+        rows += fp8_gemm_cases(device, dtype, ceilings, args.tiny, args.sweep, _row)
     rows = [r for r in rows if r is not None]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernel_bench.json"), "w") as f:

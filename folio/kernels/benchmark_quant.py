@@ -16,7 +16,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from folio.kernels.fp8_gemm import fp8_linear, quantize_weight_per_channel
+from folio.kernels.fp8_gemm import (
+    fp8_linear,
+    fp8_scaled_mm_cublaslt,
+    fp8_scaled_mm_reference,
+    quantize_per_token,
+    quantize_weight_per_channel,
+)
+from folio.kernels.fp8_gemm_triton import fp8_gemm_triton, split_k_for
+from folio.kernels.fp8_gemm_triton import pick_config as fp8_pick_config
 from folio.kernels.gemv import gemv
 from folio.kernels.w4a16_gemm import gemv_split_k, pack_rows, pick_config, w4a16_gemm_triton, w4a16_reference
 
@@ -150,6 +158,51 @@ def _fp8_rows(name, x, n, device, ceilings, gen, row) -> list:
     if m == 1:  # the Triton GEMV that one-row unquantized layers take on CUDA (folio/kernels/gemv.py)
         rows.append(row(f"bf16 {name} M=1 K={k} N={n} (Triton GEMV)", lambda: gemv(x, w), check_gemv,
                         w.numel() * w.element_size() + act, flops, device, ceilings))
+    return rows
+
+
+# FP8 GEMM: token counts of W1's decode steps (and batch 1) and of small prefill chunks.
+FP8_TOKENS = (1, 16, 64, 128, 256, 512)
+# Candidate Triton FP8 configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); the split
+# follows pick_config's rule unless a row says otherwise.
+SWEEP_FP8 = [
+    (16, 64, 128, 4, 4), (16, 128, 256, 4, 3), (32, 128, 128, 4, 4), (64, 128, 128, 4, 4), (64, 128, 128, 8, 4),
+    (64, 64, 128, 4, 5), (128, 128, 128, 8, 3), (64, 256, 128, 8, 3), (128, 64, 128, 4, 4), (32, 64, 256, 4, 3),
+]
+
+
+def fp8_gemm_cases(device, dtype, ceilings, tiny: bool, sweep: bool, row: Callable) -> list:
+    """The FP8 GEMM on already-quantized activations (the per-token quantization is the same
+    for both): cuBLASLt (torch._scaled_mm) against folio's Triton kernel at its default config,
+    its split doubled and halved, and (sweep) other tiles: the rows behind TRITON_MAX_M and
+    fp8_gemm_triton.pick_config."""
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, k, n in TINY_GEMMS if tiny else LLAMA_8B_GEMMS:
+        w = (torch.randn(n, k, generator=gen) * 0.02).to(device=device, dtype=dtype)
+        w_q, w_scale = quantize_weight_per_channel(w)
+        for m in (1, 16) if tiny else FP8_TOKENS:
+            x_q, x_scale = quantize_per_token(torch.randn(m, k, generator=gen).to(device=device, dtype=dtype))
+            want = fp8_scaled_mm_reference(x_q, x_scale, w_q, w_scale, None, torch.float32)
+            nbytes = w_q.numel() + w_scale.numel() * 4 + x_q.numel() + m * 4 + m * n * w.element_size()
+            default = fp8_pick_config(m, n, k, _sms(device))
+            configs = [("triton default", default),
+                       ("triton split x2", {**default, "SPLIT_K": default["SPLIT_K"] * 2}),
+                       ("triton split /2", {**default, "SPLIT_K": max(1, default["SPLIT_K"] // 2)})]
+            for bm, bn, bk, warps, stages in SWEEP_FP8 if sweep and m in (16, 64, 128, 256) else ():
+                cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                cfg["SPLIT_K"] = split_k_for(m, n, k, cfg, _sms(device))
+                configs.append((f"triton m{bm} n{bn} k{bk} w{warps} st{stages}", cfg))
+            runs = [("cublaslt", lambda: fp8_scaled_mm_cublaslt(x_q, x_scale, w_q, w_scale, None, dtype))] if device.type == "cuda" else []
+            runs += [(label, lambda cfg=cfg: fp8_gemm_triton(x_q, x_scale, w_q, w_scale, None, dtype, config=cfg))
+                     for label, cfg in configs]
+            for label, run in runs:
+                def check(run=run):
+                    return ((run().float() - want).abs().max() / want.abs().max().clamp(min=1e-6)).item()
+
+                split = next((c["SPLIT_K"] for lab, c in configs if lab == label), "-")
+                rows.append(row(f"fp8 gemm {name} M={m} K={k} N={n} {label} (split {split})", run, check,
+                                nbytes, 2 * m * n * k, device, ceilings))
     return rows
 
 

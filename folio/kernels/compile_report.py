@@ -39,7 +39,7 @@ class Report:
     shared_bytes: int
     wide_loads: int  # 16-byte global loads (LDG.E.128) or async copies (LDGSTS ... .128)
     narrow_loads: int  # other global loads
-    mma: str  # HGMMA, HMMA or none
+    mma: str  # HGMMA, QGMMA (FP8), HMMA or none
     pdl: str  # where griddepcontrol.wait sits: "-" (none), "wait", "ld+wait", "STORE"
 
 
@@ -77,10 +77,11 @@ def _allow_cpu_stand_ins() -> None:
         rotary,
     )
 
-    from folio.kernels import gemv, qk_norm_rope, w4a16_gemm
+    from folio.kernels import fp8_gemm_triton, gemv, qk_norm_rope, w4a16_gemm
 
     modules = (activation, gumbel_sample, paged_attention, paged_decode, prefill_attention, reshape_and_cache,
-               rms_norm, rotary, lora_shrink, lora_expand, grammar_mask, qk_norm_rope, w4a16_gemm, gemv)
+               rms_norm, rotary, lora_shrink, lora_expand, grammar_mask, qk_norm_rope, w4a16_gemm, gemv,
+               fp8_gemm_triton)
     for module in modules:
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
 
@@ -171,6 +172,16 @@ def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor,
 
         gemv(torch.zeros(1, k, dtype=dtype), torch.zeros(n, k, dtype=dtype), torch.zeros(n, dtype=dtype))
         cases.append("gemv 4096x6144 + bias")
+        from folio.kernels.fp8_gemm_triton import fp8_gemm_triton
+
+        fp8 = torch.float8_e4m3fn
+        fp8_gemm_triton(torch.zeros(16, k, dtype=fp8), torch.ones(16, 1), torch.zeros(n, k, dtype=fp8),
+                        torch.ones(n), None, dtype)  # split K: partials, then the sum kernel
+        cases += ["fp8 gemm M=16 4096x6144", "fp8 sum splits M=16"]
+        n = 28672  # one split: the scales and the bias in the GEMM's epilogue
+        fp8_gemm_triton(torch.zeros(256, k, dtype=fp8), torch.ones(256, 1), torch.zeros(n, k, dtype=fp8),
+                        torch.ones(n), torch.zeros(n, dtype=dtype), dtype)
+        cases.append("fp8 gemm M=256 4096x28672 + bias")
     return cases
 
 
@@ -215,7 +226,7 @@ def _inspect(name: str, case: str, kernel, dump: str | None) -> Report:
     stack = int(m.group(1)) if (m := re.search(r"STACK:(\d+)", res)) else 0
     loads = re.findall(r"\b(LDG\S*|LDGSTS\S*)", sass)
     wide = sum(".128" in op for op in loads)
-    mma = "HGMMA" if "HGMMA" in sass else "HMMA" if "HMMA" in sass else "none"
+    mma = next((op for op in ("HGMMA", "QGMMA", "HMMA") if op in sass), "none")  # QGMMA: FP8 wgmma
     return Report(name, case, regs, stack, kernel.metadata.shared, wide, len(loads) - wide, mma, _pdl_order(sass))
 
 

@@ -1,9 +1,10 @@
 """FP8 (e4m3) W8A8 matmul: per-token or per-tensor activation scales times per-channel weights.
 
 y = (x_q * x_scale) @ (w_q * w_scale)^T + b, accumulated in float32. On CUDA the product runs
-on the FP8 tensor cores through cuBLASLt (torch._scaled_mm) with the scales applied in its
-epilogue; elsewhere (and for shapes cuBLASLt refuses) the reference dequantizes and multiplies
-in float32. Activations are quantized the same way on both paths, so the CPU path reproduces
+on the FP8 tensor cores: up to TRITON_MAX_M tokens in folio's Triton kernel
+(folio/kernels/fp8_gemm_triton.py), above that through cuBLASLt (torch._scaled_mm), both with
+the scales applied in the epilogue; elsewhere (and for shapes cuBLASLt refuses) the reference
+dequantizes and multiplies in float32. Activations are quantized the same way on both paths, so the CPU path reproduces
 the GPU's rounding up to the order of float32 accumulation.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from folio.kernels.fp8_gemm_triton import TRITON_MAX_M, USE_TRITON_GEMM, fp8_gemm_triton
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton, use_triton_for
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -110,9 +112,16 @@ def fp8_scaled_mm(
     bias: torch.Tensor | None,  # [N]
     out_dtype: torch.dtype,
 ) -> torch.Tensor:  # [M, N]
+    if use_triton_for(x_q) and _triton_gemm_ok(x_q, w_q):
+        return fp8_gemm_triton(x_q, x_scale, w_q, w_scale, bias, out_dtype)
     if x_q.is_cuda and _cublaslt_shape_ok(x_q, w_q):
         return fp8_scaled_mm_cublaslt(x_q, x_scale, w_q, w_scale, bias, out_dtype)
     return fp8_scaled_mm_reference(x_q, x_scale, w_q, w_scale, bias, out_dtype)
+
+
+def _triton_gemm_ok(x_q: torch.Tensor, w_q: torch.Tensor) -> bool:
+    # Decode's token counts, where the Triton kernel beats cuBLASLt's one config (fp8_gemm_triton).
+    return USE_TRITON_GEMM and x_q.shape[0] <= TRITON_MAX_M and x_q.stride(1) == 1 and w_q.is_contiguous()
 
 
 def _cublaslt_shape_ok(x_q: torch.Tensor, w_q: torch.Tensor) -> bool:

@@ -35,6 +35,7 @@ def test_every_kernel_compiles_for_sm90_without_spills():
         "_lora_shrink_kernel", "_lora_expand_kernel",
         "_prefill_attention_kernel", "_gumbel_sample_kernel",
         "_apply_bitmask_kernel", "_qk_norm_rope_kernel", "_w4a16_gemv_kernel", "_gemv_kernel",
+        "_fp8_gemm_kernel", "_fp8_sum_splits_kernel",
     }
     for row in rows:
         regs, stack = int(row[-7]), int(row[-6])
@@ -44,6 +45,8 @@ def test_every_kernel_compiles_for_sm90_without_spills():
     assert prefill and prefill[0][-2] == "HGMMA", "prefill tiles should use Hopper's wgmma"
     prefill_kernel = [row for row in rows if row[0] == "_prefill_attention_kernel"]
     assert prefill_kernel and prefill_kernel[0][-2] == "HGMMA"
+    fp8 = [row for row in rows if row[0] == "_fp8_gemm_kernel"]
+    assert fp8 and all(row[-2] == "QGMMA" for row in fp8), "the FP8 GEMM should use Hopper's FP8 wgmma"
 
 
 # The kernels of a decode step that take programmatic dependent launch on Hopper.

@@ -64,3 +64,56 @@ def test_cublaslt_matches_reference(m, k, n, out_dtype):
     expected = fp8_scaled_mm_reference(x_q, x_scale, w_q, w_scale, bias, torch.float32)
     assert got.dtype == out_dtype and got.shape == (m, n)
     torch.testing.assert_close(got.float(), expected, rtol=1.6e-2, atol=1e-2 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize(("m", "k", "n", "split"), [(1, 256, 128, 1), (5, 320, 200, 2), (33, 512, 96, 4), (17, 200, 64, 1)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_triton_gemm_matches_reference(device, m, k, n, split, with_bias):
+    """Odd token counts, N and K that are not tile multiples, split-K with a partial last split."""
+    from folio.kernels.fp8_gemm_triton import fp8_gemm_triton
+
+    gen = torch.Generator().manual_seed(m * k + n)
+    x = (torch.randn(m, k + 16, generator=gen) * 3).to(device)[:, :k]  # strided rows
+    w = torch.randn(n, k, generator=gen).to(device) * 0.05
+    bias = torch.randn(n, generator=gen).to(device=device, dtype=torch.bfloat16) if with_bias else None
+    x_q, x_scale = quantize_per_token(x)
+    w_q, w_scale = quantize_weight_per_channel(w)
+    config = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": split, "num_warps": 4}
+    got = fp8_gemm_triton(x_q, x_scale, w_q, w_scale, bias, torch.bfloat16, config=config)
+    expected = fp8_scaled_mm_reference(x_q, x_scale, w_q, w_scale, bias, torch.float32)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
+    if split == 1:  # the default config (every tile config reads the same bytes)
+        again = fp8_gemm_triton(x_q, x_scale, w_q, w_scale, bias, torch.bfloat16)
+        torch.testing.assert_close(again.float(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
+
+
+def test_triton_gemm_rejects_what_it_cannot_read():
+    from folio.kernels.fp8_gemm_triton import fp8_gemm_triton
+
+    x_q, x_scale = quantize_per_token(torch.randn(4, 64))
+    w_q, w_scale = quantize_weight_per_channel(torch.randn(32, 64))
+    with pytest.raises(ValueError, match="2-D float8_e4m3fn"):
+        fp8_gemm_triton(x_q.float(), x_scale, w_q, w_scale, None, torch.bfloat16)
+    with pytest.raises(ValueError, match="contiguous w_q"):
+        fp8_gemm_triton(x_q, x_scale, w_q[:, :32], w_scale, None, torch.bfloat16)
+    with pytest.raises(ValueError, match="bias must be"):
+        fp8_gemm_triton(x_q, x_scale, w_q, w_scale, torch.zeros(31), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 16, 33, 64, 255])
+@pytest.mark.parametrize(("k", "n"), [(4096, 6144), (14336, 4096), (4096, 28672), (96, 48)])
+def test_triton_gemm_matches_reference_at_model_shapes(m, k, n):
+    """The dispatcher's Triton path (default configs, split-K at decode sizes) on the GPU."""
+    from folio.kernels.fp8_gemm_triton import fp8_gemm_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, k, generator=gen, device="cuda").to(torch.bfloat16)
+    w = torch.randn(n, k, generator=gen, device="cuda") * 0.02
+    bias = torch.randn(n, generator=gen, device="cuda").to(torch.bfloat16)
+    x_q, x_scale = quantize_per_token(x)
+    w_q, w_scale = quantize_weight_per_channel(w)
+    got = fp8_gemm_triton(x_q, x_scale, w_q, w_scale, bias, torch.bfloat16)
+    expected = fp8_scaled_mm_reference(x_q, x_scale, w_q, w_scale, bias, torch.float32)
+    torch.testing.assert_close(got.float(), expected, rtol=1.6e-2, atol=1e-2 * expected.abs().max().item())
