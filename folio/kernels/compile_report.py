@@ -77,20 +77,20 @@ def _allow_cpu_stand_ins() -> None:
         rotary,
     )
 
-    from folio.kernels import fp8_gemm_triton, gemv, qk_norm_rope, w4a16_gemm
+    from folio.kernels import fp8_gemm, fp8_gemm_triton, gemv, qk_norm_rope, w4a16_gemm
 
     modules = (activation, gumbel_sample, paged_attention, paged_decode, prefill_attention, reshape_and_cache,
                rms_norm, rotary, lora_shrink, lora_expand, grammar_mask, qk_norm_rope, w4a16_gemm, gemv,
-               fp8_gemm_triton)
+               fp8_gemm, fp8_gemm_triton)
     for module in modules:
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
 
 
 def _launch_with_pdl() -> None:
     """Launchers pass PDL as they would on a Hopper GPU (CPU stand-ins otherwise turn it off)."""
-    from folio.kernels import activation, gemv, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm
+    from folio.kernels import activation, fp8_gemm, fp8_gemm_triton, gemv, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm
 
-    for module in (activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm, gemv):
+    for module in (activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm, gemv, fp8_gemm, fp8_gemm_triton):
         module.pdl_launch = lambda _x: {"PDL": True, "launch_pdl": True}
 
 
@@ -172,8 +172,12 @@ def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor,
 
         gemv(torch.zeros(1, k, dtype=dtype), torch.zeros(n, k, dtype=dtype), torch.zeros(n, dtype=dtype))
         cases.append("gemv 4096x6144 + bias")
+        from folio.kernels.fp8_gemm import quantize_per_token_triton
         from folio.kernels.fp8_gemm_triton import fp8_gemm_triton
 
+        for width in (4096, 14336):  # one pass (the row in registers), two passes
+            quantize_per_token_triton(torch.zeros(16, width, dtype=dtype))
+            cases.append(f"fp8 quantize 16 x {width}")
         fp8 = torch.float8_e4m3fn
         fp8_gemm_triton(torch.zeros(16, k, dtype=fp8), torch.ones(16, 1), torch.zeros(n, k, dtype=fp8),
                         torch.ones(n), None, dtype)  # split K: partials, then the sum kernel

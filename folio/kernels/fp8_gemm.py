@@ -13,7 +13,15 @@ from __future__ import annotations
 import torch
 
 from folio.kernels.fp8_gemm_triton import TRITON_MAX_M, USE_TRITON_GEMM, fp8_gemm_triton
-from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton, use_triton_for
+from folio.kernels.triton_compat import (
+    check_same_device,
+    next_power_of_2,
+    pdl_launch,
+    pdl_wait,
+    tl,
+    triton,
+    use_triton_for,
+)
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
@@ -30,22 +38,32 @@ def _quantize_per_token_kernel(
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     MIN_SCALE: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (triton_compat.pdl_launch)
 ):
-    """One program per row: the row's amax, then every element divided by amax / 448."""
+    """One program per row: the row's amax, then every element divided by amax / 448. A row that
+    fits one block is loaded once and kept in registers; a longer one is read twice."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for start in range(0, K, BLOCK):
-        x = tl.load(x_ptr + row * x_stride + start + cols, mask=start + cols < K, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    # div_rn: IEEE division, as torch divides (the GPU's default `/` is approximate).
-    scale = tl.maximum(tl.div_rn(tl.max(amax, 0), 448.0), MIN_SCALE)
-    tl.store(scale_ptr + row, scale)
-    for start in range(0, K, BLOCK):
-        mask = start + cols < K
-        x = tl.load(x_ptr + row * x_stride + start + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
+    if K <= BLOCK:
+        x = tl.load(x_ptr + row * x_stride + cols, mask=cols < K, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), 0), 448.0), MIN_SCALE)
+        tl.store(scale_ptr + row, scale)
         q = tl.clamp(tl.div_rn(x, scale), -448.0, 448.0)
-        tl.store(q_ptr + row * K + start + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+    else:
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(0, K, BLOCK):
+            x = tl.load(x_ptr + row * x_stride + start + cols, mask=start + cols < K, other=0.0)
+            amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+        # div_rn: IEEE division, as torch divides (the GPU's default `/` is approximate).
+        scale = tl.maximum(tl.div_rn(tl.max(amax, 0), 448.0), MIN_SCALE)
+        tl.store(scale_ptr + row, scale)
+        for start in range(0, K, BLOCK):
+            mask = start + cols < K
+            x = tl.load(x_ptr + row * x_stride + start + cols, mask=mask, other=0.0).to(tl.float32)
+            q = tl.clamp(tl.div_rn(x, scale), -448.0, 448.0)
+            tl.store(q_ptr + row * K + start + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,7 +84,8 @@ def quantize_per_token_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     scale = torch.empty((tokens, 1), dtype=torch.float32, device=x.device)
     if tokens:
         block = min(next_power_of_2(k), 4096)
-        _quantize_per_token_kernel[(tokens,)](x, q, scale, x.stride(0), K=k, BLOCK=block, MIN_SCALE=MIN_SCALE, num_warps=8 if block >= 2048 else 4)
+        _quantize_per_token_kernel[(tokens,)](x, q, scale, x.stride(0), K=k, BLOCK=block, MIN_SCALE=MIN_SCALE,
+                                              num_warps=8 if block >= 2048 else 4, **pdl_launch(x))
     return q, scale
 
 

@@ -9,7 +9,7 @@ Design: the weight's rows are the MMA's M side ("swap AB"): a program owns BLOCK
 channels x BLOCK_M tokens, acc[BLOCK_N, BLOCK_M] = w[BLOCK_N, K] @ x[BLOCK_M, K]^T, so a handful
 of tokens still fills a 64-row wgmma; both operands are K-contiguous, which the FP8 tensor cores
 need. Programs next to each other share a weight tile (token tiles vary fastest, for L2). K is
-split until the GPU has enough programs; each split stores a float32 partial and
+split until about one program per SM; each split stores a float32 partial and
 _fp8_sum_splits_kernel adds them, applies the scales and the bias and casts, once. Without a
 split the same epilogue runs in the GEMM. y[m, n] = acc[n, m] * x_scale[m] * w_scale[n] + b[n].
 """
@@ -21,11 +21,13 @@ import os
 
 import torch
 
-from folio.kernels.triton_compat import check_same_device, tl, triton
+from folio.kernels.triton_compat import check_same_device, pdl_launch, pdl_wait, tl, triton
 
-# Token counts up to this go to the Triton kernel on CUDA; above it, cuBLASLt (measured crossover,
-# docs/perf-notes.md). FOLIO_FP8_GEMM=cublas sends every shape to cuBLASLt (the A/B switch).
-TRITON_MAX_M = 256
+# Token counts up to this go to the Triton kernel on CUDA; above it, cuBLASLt. Measured (session 11,
+# H100, docs/perf-notes.md): at 16-128 tokens the Triton kernel is ahead on the 8B's QKV, o and down
+# projections (down at 16 tokens: 26 us against 45); at 256 cuBLASLt is level or ahead.
+# FOLIO_FP8_GEMM=cublas sends every shape to cuBLASLt (the A/B switch).
+TRITON_MAX_M = 128
 USE_TRITON_GEMM = os.environ.get("FOLIO_FP8_GEMM", "triton") != "cublas"
 # Config keys to override for whole-model A/B runs, e.g. FOLIO_FP8_GEMM_CONFIG='{"BLOCK_N": 64}'.
 CONFIG_OVERRIDES = json.loads(os.environ.get("FOLIO_FP8_GEMM_CONFIG", "{}"))
@@ -53,6 +55,7 @@ def _fp8_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch: launched during the kernel ahead, waits here
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -70,6 +73,7 @@ def _fp8_gemm_kernel(
     w_ptrs = w_ptr + rn_in[:, None] * stride_wn + (k_start + rk)[None, :]
     x_ptrs = x_ptr + rm_in[:, None] * stride_xm + (k_start + rk)[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    pdl_wait(PDL)
     for k0 in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
             w = tl.load(w_ptrs)
@@ -104,10 +108,12 @@ def _fp8_sum_splits_kernel(
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out = (sum over splits of the partials) * x_scale * w_scale + bias, cast once."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < total
+    pdl_wait(PDL)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     ptrs = part_ptr + offs
     for _ in tl.static_range(SPLIT_K):  # unrolled: all partial loads in flight
@@ -123,9 +129,10 @@ def _fp8_sum_splits_kernel(
 
 def pick_config(m: int, n: int, k: int, num_sms: int = 132) -> dict[str, int]:
     """Tile and split for M tokens: the token tile just covers M (16..64 rows), weight tiles of
-    128 channels, and K split until about two programs per SM with >= 4 K steps per split."""
+    128 channels, and K split until about one program per SM with >= 8 K steps per split (two
+    per SM and >= 4 steps measured 5-40% slower at 16-256 tokens: session 11, call 1)."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    cfg = {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "BUSY": 2, "MIN_STEPS": 4}
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "BUSY": 1, "MIN_STEPS": 8}
     cfg.update(CONFIG_OVERRIDES)
     busy, min_steps = cfg.pop("BUSY"), cfg.pop("MIN_STEPS")
     if "SPLIT_K" not in cfg:
@@ -133,7 +140,7 @@ def pick_config(m: int, n: int, k: int, num_sms: int = 132) -> dict[str, int]:
     return cfg
 
 
-def split_k_for(m: int, n: int, k: int, cfg: dict[str, int], num_sms: int, busy: int = 2, min_steps: int = 4) -> int:
+def split_k_for(m: int, n: int, k: int, cfg: dict[str, int], num_sms: int, busy: int = 1, min_steps: int = 8) -> int:
     """Double the split until about `busy` programs per SM, keeping >= min_steps K steps each."""
     tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
     split = 1
@@ -172,12 +179,13 @@ def fp8_gemm_triton(
         x_q, w_q, xs, w_scale, bias_arg, part, m, n, k, k_per_split,
         x_q.stride(0), w_q.stride(0), part.stride(0) if split_k > 1 else 0, n,
         HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=k % k_per_split == 0 and k_per_split % block_k == 0,
-        **cfg,
+        **cfg, **pdl_launch(x_q),
     )
     if split_k > 1:
         block = 1024
         _fp8_sum_splits_kernel[(triton.cdiv(m * n, block),)](
             part, xs, w_scale, bias_arg, out, m * n, n, HAS_BIAS=bias is not None, SPLIT_K=split_k, BLOCK=block, num_warps=4,
+            **pdl_launch(x_q),
         )
     return out
 

@@ -70,3 +70,47 @@ def test_decode_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monke
     for want, got_eager, got_graph in zip(plain, eager, replayed):
         for w, e, g in zip(want, got_eager, got_graph):
             assert torch.equal(w, e) and torch.equal(w, g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 16, 100])
+def test_fp8_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monkeypatch, tokens):
+    """norm -> per-token FP8 quantization -> Triton FP8 GEMM (+ split-K sum) -> SiLU -> the same
+    again: each PDL kernel waits for the FP8 activations, scales and partials written just before."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs compute capability 9.0")
+    from folio.kernels.fp8_gemm import fp8_linear, quantize_weight_per_channel
+
+    gen = torch.Generator().manual_seed(tokens)
+    hidden, inter = 4096, 14336
+    norm_w = (torch.rand(hidden, generator=gen) + 0.5).to("cuda", torch.bfloat16)
+    up = quantize_weight_per_channel((torch.randn(2 * inter, hidden, generator=gen) * 0.02).to("cuda"))
+    down = quantize_weight_per_channel((torch.randn(hidden, inter, generator=gen) * 0.02).to("cuda"))
+
+    def step(x, residual):
+        h, residual = rms_norm(x, norm_w, 1e-5, residual)
+        a = silu_and_mul(fp8_linear(h, *up, None, None))
+        return fp8_linear(a, *down, None, None), residual
+
+    inputs = [tuple(torch.randn(tokens, hidden, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+              for _ in range(3)]
+    monkeypatch.setattr(triton_compat, "USE_PDL", False)
+    plain = [step(x, r) for x, r in inputs]
+    monkeypatch.setattr(triton_compat, "USE_PDL", True)
+    eager = [step(x, r) for x, r in inputs]
+    static_x, static_r = (t.clone() for t in inputs[0])
+    step(static_x, static_r)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(static_x, static_r)
+    replayed = []
+    for x, r in inputs:
+        static_x.copy_(x)
+        static_r.copy_(r)
+        graph.replay()
+        replayed.append(tuple(t.clone() for t in out))
+    torch.cuda.synchronize()
+    for want, got_eager, got_graph in zip(plain, eager, replayed):
+        for w, e, g in zip(want, got_eager, got_graph):
+            assert torch.equal(w, e) and torch.equal(w, g)
