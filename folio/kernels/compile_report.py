@@ -178,6 +178,11 @@ def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor,
         for width in (4096, 14336):  # one pass (the row in registers), two passes
             quantize_per_token_triton(torch.zeros(16, width, dtype=dtype))
             cases.append(f"fp8 quantize 16 x {width}")
+        from folio.kernels.rms_norm import rms_norm_triton
+
+        rms_norm_triton(torch.zeros(16, 4096, dtype=dtype), torch.zeros(4096, dtype=dtype), 1e-6,
+                        torch.zeros(16, 4096, dtype=dtype), fp8_out=True)
+        cases.append("hidden 4096 + residual -> fp8")
         fp8 = torch.float8_e4m3fn
         fp8_gemm_triton(torch.zeros(16, k, dtype=fp8), torch.ones(16, 1), torch.zeros(n, k, dtype=fp8),
                         torch.ones(n), None, dtype)  # split K: partials, then the sum kernel

@@ -10,6 +10,8 @@ the GPU's rounding up to the order of float32 accumulation.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from folio.kernels.fp8_gemm_triton import TRITON_MAX_M, USE_TRITON_GEMM, fp8_gemm_triton
@@ -27,6 +29,15 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
 # Smallest scale a row may get: an all-zero row must not divide by zero (vLLM uses the same).
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+
+
+class Fp8Activation(NamedTuple):
+    """Activations already quantized per token by the kernel that produced them (the fused
+    RMSNorm): what an FP8 linear layer would otherwise make with quantize_per_token."""
+
+    q: torch.Tensor  # [..., K] float8_e4m3fn, contiguous
+    scale: torch.Tensor  # [..., 1] float32
+    dtype: torch.dtype  # what the rows were before quantization: the layer's output dtype
 
 
 @triton.jit
@@ -108,13 +119,18 @@ def quantize_weight_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def fp8_linear(
-    x: torch.Tensor,  # [tokens, K] in the model dtype
+    x: torch.Tensor | Fp8Activation,  # [tokens, K] in the model dtype, or already quantized
     w_q: torch.Tensor,  # [N, K] float8_e4m3fn
     w_scale: torch.Tensor,  # [N] float32
     input_scale: torch.Tensor | None,  # [] float32 (static per-tensor) or None (per-token)
     bias: torch.Tensor | None,  # [N]
 ) -> torch.Tensor:  # [tokens, N] in x's dtype
-    """Quantize x (per token unless a static scale is given) and multiply by the FP8 weight."""
+    """Quantize x (per token unless a static scale is given) and multiply by the FP8 weight.
+    An Fp8Activation (per-token, from a fused producer) goes straight to the GEMM."""
+    if isinstance(x, Fp8Activation):
+        if input_scale is not None:
+            raise ValueError("fp8_linear: a layer with a static input scale got per-token FP8 activations.")
+        return fp8_scaled_mm(x.q, x.scale, w_q, w_scale, bias, x.dtype)
     if input_scale is None:
         x_q, x_scale = quantize_per_token(x)
     else:

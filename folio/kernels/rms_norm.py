@@ -14,6 +14,7 @@ rounded again, so the GPU path reproduces the CPU path's values.
 
 import torch
 
+from folio.kernels.fp8_gemm import FP8_DTYPE, MIN_SCALE, Fp8Activation
 from folio.kernels.triton_compat import (
     check_dtype,
     check_same_device,
@@ -45,6 +46,9 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch: the weight is read before gdc_wait
+    FP8_OUT: tl.constexpr = False,  # out_ptr is float8e4nv: the row quantized with its own scale
+    scale_ptr=None,  # [rows] float32 (FP8_OUT)
+    MIN_SCALE: tl.constexpr = 0.0,  # (FP8_OUT) fp8_gemm.MIN_SCALE
 ):
     row = tl.program_id(0).to(tl.int64)
     i, j = row // inner, row % inner
@@ -62,7 +66,13 @@ def _rms_norm_kernel(
     variance = tl.sum(x * x, 0) / HIDDEN
     rstd = tl.div_rn(1.0, tl.sqrt_rn(variance + eps))
     normed = (x * rstd).to(dtype).to(tl.float32)
-    tl.store(out_ptr + row * HIDDEN + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    y = (normed * w).to(dtype)
+    if FP8_OUT:  # fp8_gemm.quantize_per_token's arithmetic on the rounded row, still in registers
+        y = y.to(tl.float32)
+        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(y), 0), 448.0), MIN_SCALE)
+        tl.store(scale_ptr + row, scale)
+        y = tl.clamp(tl.div_rn(y, scale), -448.0, 448.0)
+    tl.store(out_ptr + row * HIDDEN + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm(
@@ -82,16 +92,20 @@ def rms_norm_triton(
     weight: torch.Tensor,  # [hidden]
     eps: float,
     residual: torch.Tensor | None = None,  # [..., hidden], same shape as x
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Triton launcher; outputs are new contiguous tensors in x's dtype."""
+    fp8_out: bool = False,
+) -> torch.Tensor | Fp8Activation | tuple[torch.Tensor | Fp8Activation, torch.Tensor]:
+    """Triton launcher; outputs are new contiguous tensors in x's dtype. fp8_out: the normalized
+    rows come out quantized per token for an FP8 linear layer (fp8_gemm.Fp8Activation), the same
+    bits as quantize_per_token(rms_norm(...)) in one kernel instead of two."""
     hidden = x.shape[-1]
     _check(x, weight, residual)
     tensors = {"x": x, "weight": weight} | ({"residual": residual} if residual is not None else {})
     check_same_device(_rms_norm_kernel, **tensors)
     x3 = _as_3d(x)  # [outer, inner, hidden]
     r3 = _as_3d(residual) if residual is not None else x3
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    residual_out = torch.empty_like(out) if residual is not None else out
+    out = torch.empty(x.shape, dtype=FP8_DTYPE if fp8_out else x.dtype, device=x.device)
+    residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else out
+    scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device) if fp8_out else None
     rows = x3.shape[0] * x3.shape[1]
     if rows > 0:
         block = next_power_of_2(hidden)
@@ -112,8 +126,10 @@ def rms_norm_triton(
             HAS_RESIDUAL=residual is not None,
             num_warps=min(max(block // 256, 1), 8),
             **pdl_launch(x),
+            **({"FP8_OUT": True, "scale_ptr": scale, "MIN_SCALE": MIN_SCALE} if fp8_out else {}),
         )
-    return (out, residual_out) if residual is not None else out
+    result = Fp8Activation(out, scale, x.dtype) if fp8_out else out
+    return (result, residual_out) if residual is not None else result
 
 
 def rms_norm_reference(

@@ -209,6 +209,12 @@ class LinearBase(nn.Module):
         return loaded.narrow(dim, start, size)
 
     # ---- forward --------------------------------------------------------------------------
+    @property
+    def takes_fp8_activation(self) -> bool:
+        """Whether forward takes fp8_gemm.Fp8Activation input (an FP8 method with per-token
+        activation scales): the RMSNorm before it may then quantize in its own kernel."""
+        return self.quant_method.takes_fp8_activation(self)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.role != "row" or self.tp_size == 1:
             return self.quant_method.apply(self, x, self.bias)  # [tokens, out_per_partition]

@@ -188,13 +188,21 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,  # [tokens, hidden]: the stream before it; None at layer 0
         attn_metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        fp8_qkv, fp8_mlp = self.fp8_inputs
         if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
+            residual, hidden = hidden, self.input_layernorm(hidden, fp8_out=fp8_qkv)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+            hidden, residual = self.input_layernorm(hidden, residual, fp8_out=fp8_qkv)
         hidden = self.self_attn(positions, hidden, attn_metadata)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        hidden, residual = self.post_attention_layernorm(hidden, residual, fp8_out=fp8_mlp)
         return self.mlp(hidden), residual
+
+    @property
+    def fp8_inputs(self) -> tuple[bool, bool]:
+        """Whether QKV and gate/up take FP8 activations from the norms before them (an FP8 layer
+        with per-token scales; never a LoRA-wrapped one, whose adapters read the 16-bit input)."""
+        qkv, gate_up = self.self_attn.qkv_proj, self.mlp.gate_up_proj
+        return getattr(qkv, "takes_fp8_activation", False), getattr(gate_up, "takes_fp8_activation", False)
 
 
 class LlamaModel(nn.Module):

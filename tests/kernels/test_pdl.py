@@ -75,11 +75,12 @@ def test_decode_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monke
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 16, 100])
 def test_fp8_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monkeypatch, tokens):
-    """norm -> per-token FP8 quantization -> Triton FP8 GEMM (+ split-K sum) -> SiLU -> the same
-    again: each PDL kernel waits for the FP8 activations, scales and partials written just before."""
+    """norm quantizing to FP8 -> Triton FP8 GEMM (+ split-K sum) -> SiLU -> per-token quantization
+    -> FP8 GEMM: each PDL kernel waits for the FP8 activations, scales and partials written just before."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs compute capability 9.0")
     from folio.kernels.fp8_gemm import fp8_linear, quantize_weight_per_channel
+    from folio.kernels.rms_norm import rms_norm_triton
 
     gen = torch.Generator().manual_seed(tokens)
     hidden, inter = 4096, 14336
@@ -87,8 +88,8 @@ def test_fp8_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monkeypa
     up = quantize_weight_per_channel((torch.randn(2 * inter, hidden, generator=gen) * 0.02).to("cuda"))
     down = quantize_weight_per_channel((torch.randn(hidden, inter, generator=gen) * 0.02).to("cuda"))
 
-    def step(x, residual):
-        h, residual = rms_norm(x, norm_w, 1e-5, residual)
+    def step(x, residual):  # the norm quantizes for the first GEMM itself (the fused path)
+        h, residual = rms_norm_triton(x, norm_w, 1e-5, residual, fp8_out=True)
         a = silu_and_mul(fp8_linear(h, *up, None, None))
         return fp8_linear(a, *down, None, None), residual
 

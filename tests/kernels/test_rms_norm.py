@@ -74,3 +74,25 @@ def test_full_size_bf16_matches_reference_rounding(hidden):
     # Same rounding order as torch: differences only from float32 reduction order (<= 1 ulp).
     torch.testing.assert_close(out, ref_out, atol=1e-2, rtol=8e-3)
     assert (out == ref_out).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("hidden", [64, 100])
+def test_fp8_out_is_the_per_token_quantization_of_the_norm(device, with_residual, hidden):
+    """fp8_out: the same bits as quantize_per_token(rms_norm(...)), the residual unchanged."""
+    from folio.kernels.fp8_gemm import Fp8Activation, quantize_per_token_reference
+
+    gen = torch.Generator().manual_seed(hidden)
+    x = (torch.randn(6, hidden, generator=gen) * 4).to(device=device, dtype=torch.bfloat16)
+    x[2] = 0.0  # an all-zero row (no residual) takes the minimum scale
+    residual = torch.randn(6, hidden, generator=gen).to(device=device, dtype=torch.bfloat16) if with_residual else None
+    weight = torch.randn(hidden, generator=gen).to(device=device, dtype=torch.bfloat16)
+    got = rms_norm_triton(x, weight, 1e-6, residual, fp8_out=True)
+    plain = rms_norm_triton(x, weight, 1e-6, residual)
+    if with_residual:
+        (got, got_residual), (plain, plain_residual) = got, plain
+        assert torch.equal(got_residual, plain_residual)
+    assert isinstance(got, Fp8Activation) and got.dtype == torch.bfloat16 and got.scale.shape == (6, 1)
+    q_ref, scale_ref = quantize_per_token_reference(plain)
+    assert torch.equal(got.scale, scale_ref)
+    assert torch.equal(got.q.view(torch.uint8), q_ref.view(torch.uint8))

@@ -94,3 +94,24 @@ def test_quantization_mismatches_are_refused_by_name(requested, stored, message)
     hf = {"quantization_config": {"quant_method": stored}} if stored else {}
     with pytest.raises(ValueError, match=message):
         resolve_quantization(requested, hf)
+
+
+def test_fp8_layer_takes_activations_quantized_before_it():
+    """An FP8 layer with per-token scales takes fp8_gemm.Fp8Activation (what the fused RMSNorm
+    emits on CUDA) and gives what it gives for the 16-bit rows; other methods do not take it."""
+    from folio.kernels.fp8_gemm import Fp8Activation, quantize_per_token
+    from folio.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
+
+    torch.manual_seed(0)
+    layer = QKVLinear(64, 16, 2, 1, bias=True, quant_config=Fp8Config(), prefix="l.qkv_proj")
+    layer.weight.data.normal_(std=0.05)
+    layer.bias.data.normal_()
+    layer.quant_method.process_weights_after_loading(layer)
+    x = torch.randn(2, 3, 64).to(torch.bfloat16)
+    q, scale = quantize_per_token(x.reshape(-1, 64))
+    quantized = Fp8Activation(q.reshape(2, 3, 64), scale.reshape(2, 3, 1), torch.bfloat16)
+    assert layer.takes_fp8_activation
+    assert torch.equal(layer(quantized), layer(x)) and layer(x).shape == (2, 3, 64)
+    assert not RowParallelLinear(64, 32, bias=False, quant_config=None, prefix="o").takes_fp8_activation
+    static = Fp8LinearMethod(serialized=True, weight_strategy="tensor", static_input_scale=True)
+    assert not static.takes_fp8_activation(layer)

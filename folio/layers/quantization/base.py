@@ -90,6 +90,11 @@ class LinearMethod(ABC):
     ) -> torch.Tensor:  # [tokens, out_per_partition]
         ...
 
+    def takes_fp8_activation(self, layer: nn.Module) -> bool:
+        """Whether apply also takes activations already quantized per token to FP8
+        (fp8_gemm.Fp8Activation), so the kernel before the layer may emit them."""
+        return False
+
 
 class UnquantizedLinearMethod(LinearMethod):
     """The weight in the model dtype, [out, in] as checkpoints store it; y = x W^T + b."""

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from folio.kernels.fp8_gemm import FP8_DTYPE, fp8_linear, quantize_weight_per_channel
+from folio.kernels.fp8_gemm import FP8_DTYPE, Fp8Activation, fp8_linear, quantize_weight_per_channel
 from folio.layers.quantization.base import LinearMethod, QuantizationConfig, new_param
 
 WeightStrategy = Literal["channel", "tensor"]
@@ -79,9 +79,17 @@ class Fp8LinearMethod(LinearMethod):
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         input_scale = layer.input_scale if self.static_input_scale else None
-        x2 = x.reshape(-1, x.shape[-1])  # [tokens, K]
+        if isinstance(x, Fp8Activation):  # quantized by the kernel that made it (the fused RMSNorm)
+            shape = x.q.shape
+            x2 = Fp8Activation(x.q.reshape(-1, shape[-1]), x.scale.reshape(-1, 1), x.dtype)
+        else:
+            shape, x2 = x.shape, x.reshape(-1, x.shape[-1])  # [tokens, K]
         out = fp8_linear(x2, layer.weight, layer.weight_scale, input_scale, bias)  # [tokens, N]
-        return out.reshape(*x.shape[:-1], out.shape[-1])
+        return out.reshape(*shape[:-1], out.shape[-1])
+
+    def takes_fp8_activation(self, layer: nn.Module) -> bool:
+        """Whether apply takes per-token Fp8Activation input (dynamic activation scales only)."""
+        return not self.static_input_scale
 
 
 class Fp8Config(QuantizationConfig):
