@@ -10,6 +10,7 @@ the GPU's rounding up to the order of float32 accumulation.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -27,6 +28,10 @@ from folio.kernels.triton_compat import (
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
+# cuBLASLt accumulates FP8 products in the tensor cores' own (reduced-precision) accumulator, as
+# Triton does on Hopper by default and vLLM's CUTLASS kernels do; FOLIO_FP8_FAST_ACCUM=0 asks it to
+# promote to float32 every few steps (slower at large M). The GPU tests bound the error either way.
+FAST_ACCUM = os.environ.get("FOLIO_FP8_FAST_ACCUM", "1") != "0"
 # Smallest scale a row may get: an all-zero row must not divide by zero (vLLM uses the same).
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 
@@ -182,9 +187,10 @@ def fp8_scaled_mm_cublaslt(
             scale_b=w_scale.reshape(1, -1).float(),  # [1, N]
             bias=bias,
             out_dtype=out_dtype,
+            use_fast_accum=FAST_ACCUM,
         )
     one = torch.ones((), dtype=torch.float32, device=x_q.device)
-    raw = torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    raw = torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=FAST_ACCUM)
     return _scale_and_bias(raw, x_scale, w_scale, bias, out_dtype)  # [M, N]
 
 

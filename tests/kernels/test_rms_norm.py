@@ -65,14 +65,17 @@ def test_rejects_bad_inputs(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("hidden", [1024, 4096])
 def test_full_size_bf16_matches_reference_rounding(hidden):
-    x = torch.randn(2048, hidden, device="cuda", dtype=torch.bfloat16)
-    residual = torch.randn_like(x)
-    weight = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(hidden)
+    x = torch.randn(2048, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+    residual = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+    weight = torch.randn(hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
     out, new_residual = rms_norm_triton(x, weight, 1e-6, residual)
     ref_out, ref_residual = rms_norm_reference(x, weight, 1e-6, residual)
     assert torch.equal(new_residual, ref_residual)
-    # Same rounding order as torch: differences only from float32 reduction order (<= 1 ulp).
-    torch.testing.assert_close(out, ref_out, atol=1e-2, rtol=8e-3)
+    # Same rounding order as torch: differences only from float32 reduction order. One ulp of the
+    # normalized value can become two of its product with the weight (rounded twice): an H100
+    # run saw one element in 2M two ulps off (session 11), so two ulps are allowed.
+    torch.testing.assert_close(out, ref_out, atol=1e-2, rtol=1.6e-2)
     assert (out == ref_out).float().mean() > 0.99
 
 
