@@ -32,6 +32,7 @@ FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
 # Triton does on Hopper by default and vLLM's CUTLASS kernels do; FOLIO_FP8_FAST_ACCUM=0 asks it to
 # promote to float32 every few steps (slower at large M). The GPU tests bound the error either way.
 FAST_ACCUM = os.environ.get("FOLIO_FP8_FAST_ACCUM", "1") != "0"
+_NO_FAST_ACCUM: set[tuple] = set()  # (M, N, K, out dtype, device) cuBLASLt had no fast kernel for
 # Smallest scale a row may get: an all-zero row must not divide by zero (vLLM uses the same).
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 
@@ -177,7 +178,29 @@ def fp8_scaled_mm_cublaslt(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """torch._scaled_mm; the weight goes in as w^T, the column-major operand cuBLASLt wants."""
+    """torch._scaled_mm; the weight goes in as w^T, the column-major operand cuBLASLt wants.
+    Fast accumulation where cuBLASLt has a kernel for it, else (e.g. row-wise scales at K 14,336
+    and a few tokens on an H100) the promoting one; the refusal is remembered per shape."""
+    key = (x_q.shape[0], w_q.shape[0], x_q.shape[1], out_dtype, x_q.device)
+    fast = FAST_ACCUM and key not in _NO_FAST_ACCUM
+    try:
+        return _scaled_mm(x_q, x_scale, w_q, w_scale, bias, out_dtype, fast)
+    except RuntimeError as e:
+        if not fast or "NOT_SUPPORTED" not in str(e):
+            raise
+        _NO_FAST_ACCUM.add(key)
+        return _scaled_mm(x_q, x_scale, w_q, w_scale, bias, out_dtype, False)
+
+
+def _scaled_mm(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    fast: bool,
+) -> torch.Tensor:
     if out_dtype == torch.bfloat16:
         # Row-wise scaling (a scale per row of x and per column of w^T) needs a bf16 output.
         return torch._scaled_mm(
@@ -187,10 +210,10 @@ def fp8_scaled_mm_cublaslt(
             scale_b=w_scale.reshape(1, -1).float(),  # [1, N]
             bias=bias,
             out_dtype=out_dtype,
-            use_fast_accum=FAST_ACCUM,
+            use_fast_accum=fast,
         )
     one = torch.ones((), dtype=torch.float32, device=x_q.device)
-    raw = torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=FAST_ACCUM)
+    raw = torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=fast)
     return _scale_and_bias(raw, x_scale, w_scale, bias, out_dtype)  # [M, N]
 
 

@@ -117,3 +117,34 @@ def test_triton_gemm_matches_reference_at_model_shapes(m, k, n):
     got = fp8_gemm_triton(x_q, x_scale, w_q, w_scale, bias, torch.bfloat16)
     expected = fp8_scaled_mm_reference(x_q, x_scale, w_q, w_scale, bias, torch.float32)
     torch.testing.assert_close(got.float(), expected, rtol=1.6e-2, atol=1e-2 * expected.abs().max().item())
+
+
+def test_cublaslt_without_a_fast_accumulation_kernel_falls_back_once_per_shape(monkeypatch):
+    """cuBLASLt refuses fast accumulation for some shapes (CUBLAS_STATUS_NOT_SUPPORTED): the call
+    is retried with the promoting kernel, the shape remembered, other errors raised."""
+    import folio.kernels.fp8_gemm as fp8_gemm
+
+    calls = []
+
+    def scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None, use_fast_accum=False):
+        calls.append(use_fast_accum)
+        if use_fast_accum:
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasLtMatmulAlgoGetHeuristic`")
+        return torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype)
+
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    monkeypatch.setattr(fp8_gemm, "FAST_ACCUM", True)
+    monkeypatch.setattr(fp8_gemm, "_NO_FAST_ACCUM", set())
+    x_q, x_scale = quantize_per_token(torch.randn(3, 32))
+    w_q, w_scale = quantize_weight_per_channel(torch.randn(16, 32))
+    for _ in range(2):
+        out = fp8_scaled_mm_cublaslt(x_q, x_scale, w_q, w_scale, None, torch.bfloat16)
+        assert out.shape == (3, 16) and out.dtype == torch.bfloat16
+    assert calls == [True, False, False]  # refused once, then straight to the promoting kernel
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch, "_scaled_mm", broken)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        fp8_scaled_mm_cublaslt(x_q[:2], x_scale[:2], w_q, w_scale, None, torch.bfloat16)
