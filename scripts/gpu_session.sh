@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -192,6 +192,13 @@ dashboard) part dashboard  # issue 18: what the dashboard's polling costs W1 thr
   SERVER_PID=$!
   timeout 280 python3 scripts/dashboard_cost.py --base-url http://127.0.0.1:$PORT --model $QWEN --rounds 3 2>&1 | tail -12
   kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null ;;
+tp) part tp  # issue 17 on 2 GPUs: TP2 == TP1 (tests, 4-layer 8B checkpoint), batch-1 decode and W1 of the 8B at TP2, FP8 at TP2
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/parallel/test_tensor_parallel_gpu.py 2>&1 | tail -4
+  timeout 200 python3 scripts/tp_bench.py equal --layers 4 --out "$OUT/tp-eq" 2>&1 | grep -vE "INFO|it/s" | tail -6
+  timeout 150 python3 scripts/tp_bench.py decode --model $LLAMA --tp 2 --out "$OUT/tp-decode" 2>&1 | grep -vE "INFO|it/s" | tail -4
+  timeout 150 python3 scripts/tp_bench.py w1 --model $LLAMA --tp 2 --out "$OUT/tp-w1" 2>&1 | grep -vE "INFO|it/s" | tail -4
+  timeout 200 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 --no-floor -tp 2 --quantization fp8 \
+    --kv-cache-dtype fp8 --no-progress --json "$OUT/tp2-w1-fp8-kv.json" 2>&1 | grep -E "^folio  |Error|error" | tail -4 ;;
 vllm-install) part vllm-install
   bash "${VLLM_PARTS:?carried folder with install.sh and the parts}/install.sh" "$VLLM_PARTS" "${VLLM_NPARTS:-3}" ;;
 *) echo "unknown part $p"; exit 2 ;;
