@@ -19,6 +19,32 @@ from folio.kernels.w4a16_gemm import w4a16_gemm_triton
 from tests.kernels.test_w4a16_gemm import _random_int4
 
 
+def _assert_pdl_chain_matches_plain(monkeypatch, step, inputs) -> None:
+    """step(x, residual) run with plain launches, with PDL eagerly, and with PDL replayed from a
+    CUDA graph gives the same bits for every input pair."""
+    monkeypatch.setattr(triton_compat, "USE_PDL", False)
+    plain = [step(x, r) for x, r in inputs]
+    monkeypatch.setattr(triton_compat, "USE_PDL", True)
+    assert triton_compat.pdl_launch(torch.zeros(1, device="cuda"))["PDL"]
+    eager = [step(x, r) for x, r in inputs]
+    static_x, static_r = (t.clone() for t in inputs[0])
+    step(static_x, static_r)  # compile and size the split-K counters before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(static_x, static_r)
+    replayed = []
+    for x, r in inputs:
+        static_x.copy_(x)
+        static_r.copy_(r)
+        graph.replay()
+        replayed.append(tuple(t.clone() for t in out))
+    torch.cuda.synchronize()
+    for want, got_eager, got_graph in zip(plain, eager, replayed):
+        for w, e, g in zip(want, got_eager, got_graph):
+            assert torch.equal(w, e) and torch.equal(w, g)
+
+
 def test_pdl_is_off_for_cpu_tensors():
     assert triton_compat.pdl_launch(torch.zeros(1)) == {"PDL": False}
 
@@ -49,27 +75,7 @@ def test_decode_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monke
 
     inputs = [tuple(torch.randn(1, hidden, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
               for _ in range(4)]
-    monkeypatch.setattr(triton_compat, "USE_PDL", False)
-    plain = [step(x, r) for x, r in inputs]
-    monkeypatch.setattr(triton_compat, "USE_PDL", True)
-    assert triton_compat.pdl_launch(torch.zeros(1, device="cuda"))["PDL"]
-    eager = [step(x, r) for x, r in inputs]
-    static_x, static_r = (t.clone() for t in inputs[0])
-    step(static_x, static_r)  # compile and size the split-K counters before capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step(static_x, static_r)
-    replayed = []
-    for x, r in inputs:
-        static_x.copy_(x)
-        static_r.copy_(r)
-        graph.replay()
-        replayed.append(tuple(t.clone() for t in out))
-    torch.cuda.synchronize()
-    for want, got_eager, got_graph in zip(plain, eager, replayed):
-        for w, e, g in zip(want, got_eager, got_graph):
-            assert torch.equal(w, e) and torch.equal(w, g)
+    _assert_pdl_chain_matches_plain(monkeypatch, step, inputs)
 
 
 @pytest.mark.gpu
@@ -95,23 +101,4 @@ def test_fp8_chain_with_pdl_matches_plain_launches_eager_and_in_a_graph(monkeypa
 
     inputs = [tuple(torch.randn(tokens, hidden, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
               for _ in range(3)]
-    monkeypatch.setattr(triton_compat, "USE_PDL", False)
-    plain = [step(x, r) for x, r in inputs]
-    monkeypatch.setattr(triton_compat, "USE_PDL", True)
-    eager = [step(x, r) for x, r in inputs]
-    static_x, static_r = (t.clone() for t in inputs[0])
-    step(static_x, static_r)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step(static_x, static_r)
-    replayed = []
-    for x, r in inputs:
-        static_x.copy_(x)
-        static_r.copy_(r)
-        graph.replay()
-        replayed.append(tuple(t.clone() for t in out))
-    torch.cuda.synchronize()
-    for want, got_eager, got_graph in zip(plain, eager, replayed):
-        for w, e, g in zip(want, got_eager, got_graph):
-            assert torch.equal(w, e) and torch.equal(w, g)
+    _assert_pdl_chain_matches_plain(monkeypatch, step, inputs)
