@@ -29,8 +29,9 @@ from folio.kernels.triton_compat import (
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
 # cuBLASLt accumulates FP8 products in the tensor cores' own (reduced-precision) accumulator, as
-# Triton does on Hopper by default and vLLM's CUTLASS kernels do; FOLIO_FP8_FAST_ACCUM=0 asks it to
-# promote to float32 every few steps (slower at large M). The GPU tests bound the error either way.
+# Triton does on Hopper by default and vLLM's CUTLASS kernels do; FOLIO_FP8_FAST_ACCUM=0 asks
+# cuBLASLt (above TRITON_MAX_M tokens) to promote to float32 every few steps (slower at large M).
+# The Triton kernel's split-K keeps its accumulations short instead. The GPU tests bound the error.
 FAST_ACCUM = os.environ.get("FOLIO_FP8_FAST_ACCUM", "1") != "0"
 _NO_FAST_ACCUM: set[tuple] = set()  # (M, N, K, out dtype, device) cuBLASLt had no fast kernel for
 # Smallest scale a row may get: an all-zero row must not divide by zero (vLLM uses the same).
@@ -109,7 +110,9 @@ def quantize_per_token_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def quantize_per_token_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain torch: the same amax, scale and saturating round to e4m3."""
     amax = x.abs().amax(dim=-1, keepdim=True).float()  # [tokens, 1]
-    scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
+    # A tensor divisor: CUDA divides by a Python scalar as a multiply by its reciprocal (1 ulp
+    # off the kernel's IEEE division); tensor by tensor is the IEEE division everywhere.
+    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp(min=MIN_SCALE)
     return quantize_with_scale(x, scale), scale
 
 

@@ -86,7 +86,8 @@ def _fp8_gemm_kernel(
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     out_mask = (rn < N)[:, None] & (rm < M)[None, :]
-    c = c_ptr + pid_k * stride_cs + rm[None, :] * stride_cm + rn[:, None]  # c[m, n] from acc[n, m]
+    # c[m, n] from acc[n, m]; int64 offsets (a large M x N or split count overflows int32)
+    c = c_ptr + pid_k.to(tl.int64) * stride_cs + rm.to(tl.int64)[None, :] * stride_cm + rn[:, None]
     if SPLIT_K == 1:
         y = acc * tl.load(xs_ptr + rm_in)[None, :] * tl.load(ws_ptr + rn_in)[:, None]
         if HAS_BIAS:
@@ -160,13 +161,14 @@ def fp8_gemm_triton(
 ) -> torch.Tensor:  # [M, N]
     """Triton launcher: (x_q * x_scale) @ (w_q * w_scale)^T + bias in out_dtype."""
     _check(x_q, x_scale, w_q, w_scale, bias)
-    check_same_device(_fp8_gemm_kernel, x_q=x_q, w_q=w_q, x_scale=x_scale, w_scale=w_scale)
+    tensors = {"x_q": x_q, "w_q": w_q, "x_scale": x_scale, "w_scale": w_scale} | ({"bias": bias} if bias is not None else {})
+    check_same_device(_fp8_gemm_kernel, **tensors)
     m, k = x_q.shape
     n = w_q.shape[0]
     sms = torch.cuda.get_device_properties(x_q.device).multi_processor_count if x_q.is_cuda else 132
     cfg = dict(config or pick_config(m, n, k, sms))
     block_k = cfg["BLOCK_K"]
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.pop("SPLIT_K")), block_k) * block_k
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.pop("SPLIT_K", 1)), block_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty splits
     xs = x_scale.reshape(-1).float().contiguous()
     out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
@@ -200,5 +202,5 @@ def _check(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale:
         raise ValueError(f"fp8 gemm: x_q [M, K] with contiguous rows and contiguous w_q [N, K], got {tuple(x_q.shape)}, {tuple(w_q.shape)}.")
     if x_scale.numel() != m or w_scale.numel() != n or w_scale.dtype != torch.float32 or not w_scale.is_contiguous():
         raise ValueError(f"fp8 gemm: x_scale [M, 1] and contiguous float32 w_scale [N], got {tuple(x_scale.shape)}, {tuple(w_scale.shape)}.")
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"fp8 gemm: bias must be [N] = [{n}], got {tuple(bias.shape)}.")
+    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
+        raise ValueError(f"fp8 gemm: bias must be a contiguous [N] = [{n}], got {tuple(bias.shape)}.")

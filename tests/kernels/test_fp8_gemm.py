@@ -99,13 +99,16 @@ def test_triton_gemm_rejects_what_it_cannot_read():
         fp8_gemm_triton(x_q, x_scale, w_q[:, :32], w_scale, None, torch.bfloat16)
     with pytest.raises(ValueError, match="bias must be"):
         fp8_gemm_triton(x_q, x_scale, w_q, w_scale, torch.zeros(31), torch.bfloat16)
+    with pytest.raises(ValueError, match="bias must be"):
+        fp8_gemm_triton(x_q, x_scale, w_q, w_scale, torch.zeros(64)[::2], torch.bfloat16)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 7, 16, 33, 64, 255])
 @pytest.mark.parametrize(("k", "n"), [(4096, 6144), (14336, 4096), (4096, 28672), (96, 48)])
 def test_triton_gemm_matches_reference_at_model_shapes(m, k, n):
-    """The dispatcher's Triton path (default configs, split-K at decode sizes) on the GPU."""
+    """The Triton kernel at its default configs (split-K at decode sizes) on the GPU, also past
+    the token counts the dispatcher sends it."""
     from folio.kernels.fp8_gemm_triton import fp8_gemm_triton
 
     gen = torch.Generator(device="cuda").manual_seed(m)
@@ -148,3 +151,20 @@ def test_cublaslt_without_a_fast_accumulation_kernel_falls_back_once_per_shape(m
     monkeypatch.setattr(torch, "_scaled_mm", broken)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         fp8_scaled_mm_cublaslt(x_q[:2], x_scale[:2], w_q, w_scale, None, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [128, 129])
+def test_dispatch_on_both_sides_of_the_triton_limit(m):
+    """fp8_linear at TRITON_MAX_M tokens (the Triton kernel) and one more (cuBLASLt)."""
+    from folio.kernels.fp8_gemm_triton import TRITON_MAX_M
+
+    assert TRITON_MAX_M == 128
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, 4096, generator=gen, device="cuda").to(torch.bfloat16)
+    w_q, w_scale = quantize_weight_per_channel(torch.randn(1024, 4096, generator=gen, device="cuda") * 0.02)
+    got = fp8_linear(x, w_q, w_scale, None, None)
+    x_q, x_scale = quantize_per_token(x)
+    expected = fp8_scaled_mm_reference(x_q, x_scale, w_q, w_scale, None, torch.float32)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, 1024)
+    torch.testing.assert_close(got.float(), expected, rtol=1.6e-2, atol=1.2e-2 * expected.abs().max().item())

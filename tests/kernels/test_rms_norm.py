@@ -82,8 +82,10 @@ def test_full_size_bf16_matches_reference_rounding(hidden):
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("hidden", [64, 100])
 def test_fp8_out_is_the_per_token_quantization_of_the_norm(device, with_residual, hidden):
-    """fp8_out: the same bits as quantize_per_token(rms_norm(...)), the residual unchanged."""
-    from folio.kernels.fp8_gemm import Fp8Activation, quantize_per_token_reference
+    """fp8_out: the same bits as quantize_per_token(rms_norm(...)), the unfused path the engine
+    takes otherwise (the Triton quantization on CUDA, the reference elsewhere); the residual
+    unchanged."""
+    from folio.kernels.fp8_gemm import Fp8Activation, quantize_per_token
 
     gen = torch.Generator().manual_seed(hidden)
     x = (torch.randn(6, hidden, generator=gen) * 4).to(device=device, dtype=torch.bfloat16)
@@ -96,6 +98,6 @@ def test_fp8_out_is_the_per_token_quantization_of_the_norm(device, with_residual
         (got, got_residual), (plain, plain_residual) = got, plain
         assert torch.equal(got_residual, plain_residual)
     assert isinstance(got, Fp8Activation) and got.dtype == torch.bfloat16 and got.scale.shape == (6, 1)
-    q_ref, scale_ref = quantize_per_token_reference(plain)
+    q_ref, scale_ref = quantize_per_token(plain)
     assert torch.equal(got.scale, scale_ref)
     assert torch.equal(got.q.view(torch.uint8), q_ref.view(torch.uint8))

@@ -229,3 +229,23 @@ def test_fp8_checkpoint_with_float_weights_is_refused(float_checkpoint, tmp_path
         json.dump(config, f)
     with pytest.raises(ValueError, match=r"proj.weight is torch.float32, but its quantization_config says FP8"):
         load_folio(path)
+
+
+def test_decoder_layers_ask_their_norms_for_fp8_activations_only_for_fp8_layers(float_checkpoint, tmp_path):
+    """With per-token FP8 layers each decoder layer asks its norms to quantize for QKV and
+    gate/up (on CUDA); unquantized, INT4 and static-scale FP8 layers keep 16-bit inputs, and a
+    LoRA-wrapped projection (its adapters read the 16-bit input) turns it off for that norm."""
+    from folio.lora.layers import LoRALinear
+
+    def flags(model):
+        return {layer.fp8_inputs for layer in model.model.layers}
+
+    assert flags(load_folio(float_checkpoint, quantization="fp8")) == {(True, True)}
+    assert flags(load_folio(float_checkpoint)) == {(False, False)}
+    assert flags(load_folio(write_int4(float_checkpoint, str(tmp_path / "gptq"), "gptq", 32, True))) == {(False, False)}
+    static = write_compressed_tensors(float_checkpoint, str(tmp_path / "static"), "FP8")
+    assert flags(load_folio(static)) == {(False, False)}
+    model = load_folio(float_checkpoint, quantization="fp8")
+    layer = model.model.layers[0]
+    layer.self_attn.qkv_proj = LoRALinear.__new__(LoRALinear)  # the wrapper type, unbuilt: only its attributes matter
+    assert layer.fp8_inputs == (False, True)
