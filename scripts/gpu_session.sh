@@ -83,7 +83,7 @@ kernels-fp8) part kernels-fp8  # issue 13: the FP8 GEMM by token count, cuBLASLt
 fp8-tests) part fp8-tests  # issue 13: the FP8 GEMMs (cuBLASLt and Triton) against the float32 reference at the 8B's shapes
   # the kernel files whole (their small-shape tests run on CUDA through the `device` fixture), the model file's GPU tests
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_kv_cache.py tests/kernels/test_pdl.py \
-    tests/kernels/test_rms_norm.py 2>&1 | tail -8 | tee "$OUT/fp8-tests.txt"
+    tests/kernels/test_rms_norm.py tests/kernels/test_activation.py 2>&1 | tail -8 | tee "$OUT/fp8-tests.txt"
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_quantized_vs_hf.py 2>&1 | tail -8 | tee -a "$OUT/fp8-tests.txt" ;;
 kernels-quant-ab) part kernels-quant-ab  # issue 13: the quantized GEMMs at the 8B's shapes, default configs, exponent-bit unpack vs conversions
   mkdir -p "$OUT/kquant"; timeout 300 python3 -m folio.kernels.benchmark --only quant --out "$OUT/kquant" 2>&1 | tail -60 ;;

@@ -8,6 +8,7 @@ dtype, then the product rounded.
 
 import torch
 
+from folio.kernels.fp8_gemm import FP8_DTYPE, MIN_SCALE, Fp8Activation
 from folio.kernels.triton_compat import (
     check_dtype,
     check_same_device,
@@ -40,6 +41,58 @@ def _silu_and_mul_kernel(
     up = tl.load(x_ptr + token * x_stride_t + INTER + cols, mask=mask, other=0.0).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     tl.store(out_ptr + token * INTER + cols, (silu * up).to(dtype), mask=mask)
+
+
+# The widest row the FP8-output kernel holds in registers at once (one program per token).
+FP8_OUT_MAX_INTER = 16384
+
+
+@triton.jit
+def _silu_and_mul_fp8_kernel(
+    q_ptr,  # [num_tokens, inter] float8e4nv, contiguous
+    scale_ptr,  # [num_tokens] float32
+    x_ptr,  # [num_tokens, 2 * inter]: gate then up
+    x_stride_t,
+    INTER: tl.constexpr,
+    BLOCK: tl.constexpr,  # next power of two >= INTER: the whole row at once
+    MIN_SCALE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """SiLU-and-mul quantized per token for an FP8 layer: the 16-bit product exactly as
+    _silu_and_mul_kernel rounds it, then fp8_gemm's per-token quantization of that row, from
+    registers: one kernel and one pass instead of two of each."""
+    pdl_wait(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < INTER
+    dtype = x_ptr.dtype.element_ty
+    gate = tl.load(x_ptr + token * x_stride_t + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + token * x_stride_t + INTER + cols, mask=mask, other=0.0).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    y = (silu * up).to(dtype).to(tl.float32)  # masked columns are 0: they leave the amax alone
+    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(y), 0), 448.0), MIN_SCALE)
+    tl.store(scale_ptr + token, scale)
+    q = tl.clamp(tl.div_rn(y, scale), -448.0, 448.0)
+    tl.store(q_ptr + token * INTER + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul_fp8(x: torch.Tensor) -> Fp8Activation:
+    """[tokens, 2 * inter] -> silu(gate) * up quantized per token (fp8_gemm.Fp8Activation): the
+    same bits as quantize_per_token(silu_and_mul_triton(x)). inter <= FP8_OUT_MAX_INTER."""
+    check_dtype("x", x, _FLOATS)
+    if x.dim() != 2 or x.shape[1] % 2 or x.stride(1) != 1:
+        raise ValueError(f"x must be [tokens, 2 * inter] and contiguous in its last dimension, got {tuple(x.shape)}.")
+    num_tokens, inter = x.shape[0], x.shape[1] // 2
+    if inter > FP8_OUT_MAX_INTER:
+        raise ValueError(f"silu_and_mul_fp8: inter {inter} is over {FP8_OUT_MAX_INTER}.")
+    check_same_device(_silu_and_mul_fp8_kernel, x=x)
+    q = torch.empty(num_tokens, inter, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty(num_tokens, 1, dtype=torch.float32, device=x.device)
+    if num_tokens and inter:
+        block = next_power_of_2(inter)
+        _silu_and_mul_fp8_kernel[(num_tokens,)](q, scale, x, x.stride(0), INTER=inter, BLOCK=block, MIN_SCALE=MIN_SCALE,
+                                                num_warps=min(max(block // 512, 4), 16), **pdl_launch(x))
+    return Fp8Activation(q, scale, x.dtype)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

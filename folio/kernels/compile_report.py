@@ -183,6 +183,11 @@ def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor,
         rms_norm_triton(torch.zeros(16, 4096, dtype=dtype), torch.zeros(4096, dtype=dtype), 1e-6,
                         torch.zeros(16, 4096, dtype=dtype), fp8_out=True)
         cases.append("hidden 4096 + residual -> fp8")
+        from folio.kernels.activation import silu_and_mul_fp8
+
+        for inter in (3072, 14336):  # Qwen3-0.6B's and Llama-3.1-8B's MLP widths
+            silu_and_mul_fp8(torch.zeros(16, 2 * inter, dtype=dtype))
+            cases.append(f"inter {inter} -> fp8")
         fp8 = torch.float8_e4m3fn
         fp8_gemm_triton(torch.zeros(16, k, dtype=fp8), torch.ones(16, 1), torch.zeros(n, k, dtype=fp8),
                         torch.ones(n), None, dtype)  # split K: partials, then the sum kernel

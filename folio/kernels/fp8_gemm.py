@@ -33,6 +33,9 @@ FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
 # cuBLASLt (above TRITON_MAX_M tokens) to promote to float32 every few steps (slower at large M).
 # The Triton kernel's split-K keeps its accumulations short instead. The GPU tests bound the error.
 FAST_ACCUM = os.environ.get("FOLIO_FP8_FAST_ACCUM", "1") != "0"
+# The kernel before an FP8 linear layer (RMSNorm, SiLU-and-mul) quantizes its output for it, in
+# the same kernel; FOLIO_FP8_FUSED_QUANT=0 leaves the quantization to the layer (the A/B switch).
+FUSED_FP8_QUANT = os.environ.get("FOLIO_FP8_FUSED_QUANT", "1") != "0"
 _NO_FAST_ACCUM: set[tuple] = set()  # (M, N, K, out dtype, device) cuBLASLt had no fast kernel for
 # Smallest scale a row may get: an all-zero row must not divide by zero (vLLM uses the same).
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from folio.kernels import activation as activation_kernel
+from folio.kernels import fp8_gemm
 from folio.kernels.triton_compat import use_triton_for
 
 
@@ -19,8 +20,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 class SiluAndMul(nn.Module):
     """The gated activation of a merged gate_up projection; a module so a kernel can replace it."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fp8_out: bool = False) -> torch.Tensor:
+        """fp8_out: on CUDA the result comes quantized per token (fp8_gemm.Fp8Activation) for an
+        FP8 layer that takes it (rows up to FP8_OUT_MAX_INTER wide); otherwise ignored."""
         if use_triton_for(x):  # one fused pass on CUDA, same rounding as silu_and_mul
+            if fp8_out and fp8_gemm.FUSED_FP8_QUANT and x.shape[-1] // 2 <= activation_kernel.FP8_OUT_MAX_INTER:
+                return activation_kernel.silu_and_mul_fp8(x)
             return activation_kernel.silu_and_mul_triton(x)
         return silu_and_mul(x)
 

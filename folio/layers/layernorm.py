@@ -7,18 +7,13 @@ triton_compat.set_triton_kernels), the torch code runs.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from folio.kernels import fp8_gemm
 from folio.kernels import rms_norm as rms_norm_kernel
 from folio.kernels.triton_compat import use_triton_for
-
-# The norm before an FP8 linear layer quantizes its output in the same kernel (one launch and one
-# pass over the activations fewer per layer); FOLIO_FP8_FUSED_QUANT=0 leaves it to the layer.
-FUSED_FP8_QUANT = os.environ.get("FOLIO_FP8_FUSED_QUANT", "1") != "0"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -48,7 +43,7 @@ class RMSNorm(nn.Module):
         """fp8_out: on CUDA the output comes quantized per token (fp8_gemm.Fp8Activation) for an
         FP8 linear layer that takes it; elsewhere it is ignored (that layer quantizes)."""
         if use_triton_for(x):  # x may be a strided [tokens, heads, head_dim] view (q/k norms)
-            fp8_out = fp8_out and FUSED_FP8_QUANT
+            fp8_out = fp8_out and fp8_gemm.FUSED_FP8_QUANT
             return rms_norm_kernel.rms_norm_triton(x, self.weight, self.eps, residual, fp8_out=fp8_out)
         if residual is None:
             return rms_norm(x, self.weight, self.eps)

@@ -160,7 +160,9 @@ class LlamaMLP(nn.Module):
         fused = getattr(self.gate_up_proj, "silu_and_mul", None)  # a LoRA layer: its delta inside the activation
         if fused is not None:
             return self.down_proj(fused(x))  # [tokens, hidden]
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # [tokens, hidden]
+        # an FP8 down projection (never a LoRA-wrapped one) takes the activation quantized by its kernel
+        fp8_down = getattr(self.down_proj, "takes_fp8_activation", False)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x), fp8_out=fp8_down))  # [tokens, hidden]
 
 
 class LlamaDecoderLayer(nn.Module):
