@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import multiprocessing
 import operator
+import os
 import queue
 import signal
 import threading
@@ -139,7 +140,7 @@ class EngineProcess:
     def close(self) -> None:
         """Stop a child that will not be used (the server failed to start around it)."""
         if self.process.is_alive():
-            self.process.terminate()
+            self.process.kill()  # SIGKILL: the child leaves SIGTERM to its parent (run_engine_process)
         self.process.join()
 
     def wait_ready(self) -> EngineProcess:
@@ -195,8 +196,8 @@ class EngineProcess:
             thread.join()
         self.process.join(timeout=30)
         if self.process.is_alive():
-            logger.warning("The engine process did not stop; terminating it.")
-            self.process.terminate()
+            logger.warning("The engine process did not stop; killing it.")
+            self.process.kill()
             self.process.join()
 
     # A writer thread, so that a full pipe (the engine busy in a step) never blocks the event loop.
@@ -244,6 +245,7 @@ class EngineProcess:
 def run_engine_process(make_engine: Callable[[], LLMEngine], conn: Any) -> None:
     """The child's main: build the engine, say Ready, run the loop until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
+    signal.signal(signal.SIGTERM, _on_sigterm)
     _die_with_parent()
     try:
         engine = make_engine()
@@ -256,6 +258,18 @@ def run_engine_process(make_engine: Callable[[], LLMEngine], conn: Any) -> None:
     conn.send(Ready(engine.config.model, engine.get_tokenizer() is not None,
                     engine.default_sampling_params(), engine.stats()))
     EngineLoop(engine, _pipe_take(conn), _pipe_emit(conn)).run()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM in the engine process. Sent to the whole group (systemd stops a service that way,
+    as does `timeout`), it reaches the server too, which lets in-flight requests finish and then
+    stops this process in order: dying at once would fail them and log a crash. So while the
+    server lives this signal is left to it (stop the server, or SIGKILL this process); once the
+    server is gone (the parent-death signal below is also SIGTERM) the process exits."""
+    parent = multiprocessing.parent_process()
+    if parent is None or not parent.is_alive():
+        os._exit(0)  # as SIGTERM's default action would: nothing is left to hand results to
+    logger.info("Engine process: SIGTERM received; the server stops the engine when it shuts down.")
 
 
 def _die_with_parent() -> None:

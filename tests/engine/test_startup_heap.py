@@ -45,8 +45,9 @@ def test_a_process_frozen_at_start_stays_frozen(llm, monkeypatch):
     monkeypatch.setattr(startup_heap, "_process_frozen", False)
     try:
         frozen = startup_heap.freeze_startup_heap("test")
-        # >=: a thread left by an earlier test (a server's) may freeze a few objects of its own
-        assert gc.get_freeze_count() >= frozen > 1000
+        # not ==: a thread left by an earlier test (a server's) may freeze a few objects of its
+        # own, and a few frozen objects may die by refcount meanwhile (seen: 8 of 607,059)
+        assert frozen > 1000 and abs(gc.get_freeze_count() - frozen) < 0.01 * frozen
         llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2), use_tqdm=False)
         # the run did not unfreeze the owner's heap (a few frozen objects may die by refcount)
         assert counts and gc.get_freeze_count() > 0.9 * frozen

@@ -98,10 +98,10 @@ def test_64_concurrent_streaming_clients_all_complete(server, model_name, client
 class ServerProcess:
     """`cmd` run as a server process; its stderr is drained, and its URL read from the log."""
 
-    def __init__(self, cmd: list[str]) -> None:
+    def __init__(self, cmd: list[str], new_session: bool = False) -> None:
         env = {**os.environ, "PYTHONPATH": REPO, "FOLIO_API_KEY": ""}
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env=env, cwd=REPO)
+                                     env=env, cwd=REPO, start_new_session=new_session)
         self.lines: list[str] = []
         self.url: str | None = None
         threading.Thread(target=self._drain, daemon=True).start()
@@ -148,6 +148,30 @@ def test_folio_serve_demo_model_finishes_in_flight_on_sigterm_and_exits_0():
         assert server.proc.wait(HANG_LIMIT_S) == 0, "".join(server.lines)
         assert any("Started the engine process" in line for line in server.lines), "".join(server.lines)
     finally:
+        server.stop()
+
+
+def test_sigterm_to_the_whole_group_still_finishes_in_flight_and_logs_no_crash():
+    """systemd (and `timeout`) signal every process of the service: the engine process leaves
+    that SIGTERM to the server, which finishes the stream and stops the engine in order."""
+    server = ServerProcess([sys.executable, "-m", "folio", "serve", "--port", "0", "--device", "cpu",
+                            "--max-model-len", "512", "--shutdown-timeout", "60", "--engine-process"],
+                           new_session=True)
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=HANG_LIMIT_S) as r:
+            events = r.iter_lines()
+            assert next(events).startswith("data: ")
+            os.killpg(server.proc.pid, signal.SIGTERM)
+            rest = [line for line in events if line]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][len("data: "):])["choices"][0]["finish_reason"] == "length"
+        assert server.proc.wait(HANG_LIMIT_S) == 0, "".join(server.lines)
+        log = "".join(server.lines)
+        assert "engine process exited" not in log and "ERROR" not in log, log
+    finally:
+        if server.proc.poll() is None:
+            os.killpg(server.proc.pid, signal.SIGKILL)
         server.stop()
 
 
