@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 from multiprocessing.connection import wait
+from typing import Any
 
 from folio.config import EngineConfig
 from folio.logger import init_logger
@@ -95,11 +96,8 @@ class WorkerGroup:
         for process in self.processes.values():
             process.join(max(deadline - time.monotonic(), 0.0))
         for rank, process in self.processes.items():
-            if process.is_alive():
-                logger.warning("Worker rank %d did not stop; terminating it.", rank)
-                process.terminate()
-                process.join(5.0)
-            if process.is_alive():
+            if process.is_alive():  # SIGKILL: workers leave SIGTERM to rank 0 (_on_sigterm)
+                logger.warning("Worker rank %d did not stop; killing it.", rank)
                 process.kill()
                 process.join()
 
@@ -108,7 +106,7 @@ class WorkerGroup:
         self._stopping = True
         for process in self.processes.values():
             if process.is_alive():
-                process.terminate()
+                process.kill()  # SIGKILL: workers leave SIGTERM to rank 0 (_on_sigterm)
         for process in self.processes.values():
             process.join(5.0)
 
@@ -154,6 +152,7 @@ def _describe_exit(code: int | None) -> str:
 def run_follower(config: EngineConfig, rendezvous: Rendezvous, exit_when_done: bool = True) -> None:
     """A worker's main: join the group, build this rank's runner and KV cache, follow rank 0."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: rank 0 decides
+    signal.signal(signal.SIGTERM, _on_sigterm)  # so does systemd's SIGTERM: rank 0 stops us in order
     from folio.parallel.follower import Follower
     from folio.parallel.group import join_group, leave_group
     from folio.worker.model_runner import ModelRunner
@@ -175,6 +174,17 @@ def run_follower(config: EngineConfig, rendezvous: Rendezvous, exit_when_done: b
     # wait on peers; the process's exit frees all of it). A failure above raises with its traceback.
     logging.shutdown()
     os._exit(0)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """A worker's SIGTERM. Sent to the whole group (systemd, `timeout`), it reaches rank 0's server
+    too, which finishes in-flight requests and then stops the workers in order: leave it to rank
+    0 while it lives. A worker without a live parent (a node's first rank, started by hand)
+    exits, as SIGTERM's default would have it; rank 0 ends stragglers with SIGKILL."""
+    parent = multiprocessing.parent_process()
+    if parent is None or not parent.is_alive():
+        logging.shutdown()
+        os._exit(0)
 
 
 def _exit_when_orphaned() -> None:
