@@ -204,11 +204,11 @@ class EngineMetrics:
         self.kv_usage.set(stats.kv_cache_usage)
         if stats.num_cpu_blocks:
             self.cpu_kv_usage.set(1.0 - stats.num_free_cpu_blocks / stats.num_cpu_blocks)
-        for field, series in self._mirrored.items():
-            value = getattr(stats, field)
-            if value > self._seen[field]:
-                series.inc(value - self._seen[field])
-                self._seen[field] = value
+        for name, series in self._mirrored.items():
+            value = getattr(stats, name)
+            if value > self._seen[name]:
+                series.inc(value - self._seen[name])
+                self._seen[name] = value
         self.lora.record(stats)
         self._record_spec_per_position(stats.spec_decode_num_accepted_tokens_per_pos)
 

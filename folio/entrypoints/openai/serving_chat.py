@@ -27,6 +27,7 @@ from folio.entrypoints.openai.protocol import (
     make_usage,
 )
 from folio.entrypoints.openai.serving_engine import EnginePrompt, OpenAIServing, random_id
+from folio.entrypoints.openai.serving_models import OpenAIServingModels
 from folio.entrypoints.openai.reasoning_parsers import get_reasoning_parser
 from folio.entrypoints.openai.tool_choice import ToolPlan, constrain_to_tools, plan_tools
 from folio.entrypoints.openai.tool_parsers import get_tool_parser
