@@ -8,7 +8,7 @@ dtype, then the product rounded.
 
 import torch
 
-from folio.kernels.fp8_gemm import FP8_DTYPE, MIN_SCALE, Fp8Activation
+from folio.kernels.fp8_gemm import FP8_DTYPE, MIN_SCALE, Fp8Activation, fp8_quantize, fp8_row_scale
 from folio.kernels.triton_compat import (
     check_dtype,
     check_same_device,
@@ -70,10 +70,9 @@ def _silu_and_mul_fp8_kernel(
     up = tl.load(x_ptr + token * x_stride_t + INTER + cols, mask=mask, other=0.0).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     y = (silu * up).to(dtype).to(tl.float32)  # masked columns are 0: they leave the amax alone
-    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(y), 0), 448.0), MIN_SCALE)
+    scale = fp8_row_scale(tl.max(tl.abs(y), 0), MIN_SCALE)
     tl.store(scale_ptr + token, scale)
-    q = tl.clamp(tl.div_rn(y, scale), -448.0, 448.0)
-    tl.store(q_ptr + token * INTER + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_ptr + token * INTER + cols, fp8_quantize(y, scale).to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul_fp8(x: torch.Tensor) -> Fp8Activation:

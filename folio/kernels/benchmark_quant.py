@@ -194,7 +194,8 @@ def fp8_gemm_cases(device, dtype, ceilings, tiny: bool, sweep: bool, row: Callab
                 cfg["SPLIT_K"] = split_k_for(m, n, k, cfg, _sms(device))
                 configs.append((f"triton m{bm} n{bn} k{bk} w{warps} st{stages}", cfg))
             runs = [("cublaslt", lambda: fp8_scaled_mm_cublaslt(x_q, x_scale, w_q, w_scale, None, dtype)),
-                    ("cublaslt precise", lambda: _cublaslt_precise(x_q, x_scale, w_q, w_scale, dtype))] if device.type == "cuda" else []
+                    ("cublaslt precise", lambda: fp8_scaled_mm_cublaslt(x_q, x_scale, w_q, w_scale, None, dtype,
+                                                                       fast_accum=False))] if device.type == "cuda" else []
             runs += [(label, lambda cfg=cfg: fp8_gemm_triton(x_q, x_scale, w_q, w_scale, None, dtype, config=cfg))
                      for label, cfg in configs]
             for label, run in runs:
@@ -205,17 +206,6 @@ def fp8_gemm_cases(device, dtype, ceilings, tiny: bool, sweep: bool, row: Callab
                 rows.append(row(f"fp8 gemm {name} M={m} K={k} N={n} {label} (split {split})", run, check,
                                 nbytes, 2 * m * n * k, device, ceilings))
     return rows
-
-
-def _cublaslt_precise(x_q, x_scale, w_q, w_scale, dtype):
-    """cuBLASLt with float32 promotion of the accumulator (FOLIO_FP8_FAST_ACCUM=0), for the A/B row."""
-    import folio.kernels.fp8_gemm as fp8_gemm
-
-    fast, fp8_gemm.FAST_ACCUM = fp8_gemm.FAST_ACCUM, False
-    try:
-        return fp8_scaled_mm_cublaslt(x_q, x_scale, w_q, w_scale, None, dtype)
-    finally:
-        fp8_gemm.FAST_ACCUM = fast
 
 
 def _sms(device) -> int:

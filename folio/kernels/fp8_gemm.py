@@ -51,6 +51,21 @@ class Fp8Activation(NamedTuple):
 
 
 @triton.jit
+def fp8_row_scale(amax, MIN_SCALE: tl.constexpr):
+    """A row's scale from its amax: amax / 448 by IEEE division (div_rn, as torch divides; the
+    GPU's default `/` is approximate), at least MIN_SCALE. Every kernel that quantizes per token
+    (this file's, the fused RMSNorm's and SiLU-and-mul's) uses this and fp8_quantize, so their
+    bits agree."""
+    return tl.maximum(tl.div_rn(amax, 448.0), MIN_SCALE)
+
+
+@triton.jit
+def fp8_quantize(x, scale):
+    """float32 values / scale, saturated to +-448 (the caller casts to e4m3 as it stores)."""
+    return tl.clamp(tl.div_rn(x, scale), -448.0, 448.0)
+
+
+@triton.jit
 def _quantize_per_token_kernel(
     x_ptr,  # [tokens, K], rows strided, last dimension contiguous
     q_ptr,  # [tokens, K] float8e4nv, contiguous
@@ -68,23 +83,20 @@ def _quantize_per_token_kernel(
     pdl_wait(PDL)
     if K <= BLOCK:
         x = tl.load(x_ptr + row * x_stride + cols, mask=cols < K, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), 0), 448.0), MIN_SCALE)
+        scale = fp8_row_scale(tl.max(tl.abs(x), 0), MIN_SCALE)
         tl.store(scale_ptr + row, scale)
-        q = tl.clamp(tl.div_rn(x, scale), -448.0, 448.0)
-        tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+        tl.store(q_ptr + row * K + cols, fp8_quantize(x, scale).to(q_ptr.dtype.element_ty), mask=cols < K)
     else:
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
         for start in range(0, K, BLOCK):
             x = tl.load(x_ptr + row * x_stride + start + cols, mask=start + cols < K, other=0.0)
             amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-        # div_rn: IEEE division, as torch divides (the GPU's default `/` is approximate).
-        scale = tl.maximum(tl.div_rn(tl.max(amax, 0), 448.0), MIN_SCALE)
+        scale = fp8_row_scale(tl.max(amax, 0), MIN_SCALE)
         tl.store(scale_ptr + row, scale)
         for start in range(0, K, BLOCK):
             mask = start + cols < K
             x = tl.load(x_ptr + row * x_stride + start + cols, mask=mask, other=0.0).to(tl.float32)
-            q = tl.clamp(tl.div_rn(x, scale), -448.0, 448.0)
-            tl.store(q_ptr + row * K + start + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+            tl.store(q_ptr + row * K + start + cols, fp8_quantize(x, scale).to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,12 +195,13 @@ def fp8_scaled_mm_cublaslt(
     w_scale: torch.Tensor,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
+    fast_accum: bool | None = None,  # None: FAST_ACCUM
 ) -> torch.Tensor:
     """torch._scaled_mm; the weight goes in as w^T, the column-major operand cuBLASLt wants.
     Fast accumulation where cuBLASLt has a kernel for it, else (e.g. row-wise scales at K 14,336
     and a few tokens on an H100) the promoting one; the refusal is remembered per shape."""
     key = (x_q.shape[0], w_q.shape[0], x_q.shape[1], out_dtype, x_q.device)
-    fast = FAST_ACCUM and key not in _NO_FAST_ACCUM
+    fast = (FAST_ACCUM if fast_accum is None else fast_accum) and key not in _NO_FAST_ACCUM
     try:
         return _scaled_mm(x_q, x_scale, w_q, w_scale, bias, out_dtype, fast)
     except RuntimeError as e:

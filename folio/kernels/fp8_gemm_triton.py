@@ -133,11 +133,9 @@ def pick_config(m: int, n: int, k: int, num_sms: int = 132) -> dict[str, int]:
     128 channels, and K split until about one program per SM with >= 8 K steps per split (two
     per SM and >= 4 steps measured 5-40% slower at 16-256 tokens: session 11, call 1)."""
     block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    cfg = {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "BUSY": 1, "MIN_STEPS": 8}
-    cfg.update(CONFIG_OVERRIDES)
-    busy, min_steps = cfg.pop("BUSY"), cfg.pop("MIN_STEPS")
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, **CONFIG_OVERRIDES}
     if "SPLIT_K" not in cfg:
-        cfg["SPLIT_K"] = split_k_for(m, n, k, cfg, num_sms, busy, min_steps)
+        cfg["SPLIT_K"] = split_k_for(m, n, k, cfg, num_sms)
     return cfg
 
 

@@ -14,7 +14,7 @@ rounded again, so the GPU path reproduces the CPU path's values.
 
 import torch
 
-from folio.kernels.fp8_gemm import FP8_DTYPE, MIN_SCALE, Fp8Activation
+from folio.kernels.fp8_gemm import FP8_DTYPE, MIN_SCALE, Fp8Activation, fp8_quantize, fp8_row_scale
 from folio.kernels.triton_compat import (
     check_dtype,
     check_same_device,
@@ -69,9 +69,9 @@ def _rms_norm_kernel(
     y = (normed * w).to(dtype)
     if FP8_OUT:  # fp8_gemm.quantize_per_token's arithmetic on the rounded row, still in registers
         y = y.to(tl.float32)
-        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(y), 0), 448.0), MIN_SCALE)
+        scale = fp8_row_scale(tl.max(tl.abs(y), 0), MIN_SCALE)
         tl.store(scale_ptr + row, scale)
-        y = tl.clamp(tl.div_rn(y, scale), -448.0, 448.0)
+        y = fp8_quantize(y, scale)
     tl.store(out_ptr + row * HIDDEN + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

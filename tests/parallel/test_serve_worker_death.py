@@ -58,17 +58,11 @@ def test_sigterm_to_the_whole_group_finishes_in_flight_and_exits_0(tmp_path) -> 
                             "--tensor-parallel-size", "2", "--shutdown-timeout", "60"], new_session=True)
     try:
         body = {"model": path, "prompt": [1, 2, 3], "max_tokens": 48, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
-            events = r.iter_lines()
-            assert next(events).startswith("data: ")
-            os.killpg(server.proc.pid, signal.SIGTERM)
-            rest = [line for line in events if line]
+        rest = server.stream_then(body, lambda: server.signal_group(signal.SIGTERM), timeout=60)
         assert rest[-1] == "data: [DONE]"
         assert json.loads(rest[-2][len("data: "):])["choices"][0]["finish_reason"] == "length"
         assert server.proc.wait(timeout=60) == 0, "".join(server.lines)[-3000:]
         time.sleep(0.5)  # the drain thread reads the last lines
         assert "ERROR" not in "".join(server.lines), "".join(server.lines)[-3000:]
     finally:
-        if server.proc.poll() is None:
-            os.killpg(server.proc.pid, signal.SIGKILL)
         server.stop()

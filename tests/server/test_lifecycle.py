@@ -102,6 +102,7 @@ class ServerProcess:
         env = {**os.environ, "PYTHONPATH": REPO, "FOLIO_API_KEY": ""}
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                      env=env, cwd=REPO, start_new_session=new_session)
+        self.new_session = new_session  # then the server leads its own process group
         self.lines: list[str] = []
         self.url: str | None = None
         threading.Thread(target=self._drain, daemon=True).start()
@@ -126,8 +127,23 @@ class ServerProcess:
         except httpx.TransportError:
             return False
 
+    def stream_then(self, body: dict, act, timeout: float = HANG_LIMIT_S) -> list[str]:
+        """Stream a completion; after its first event call act() (e.g. send a signal), then
+        return the stream's remaining non-empty lines."""
+        with httpx.stream("POST", f"{self.url}/v1/completions", json=body, timeout=timeout) as r:
+            events = r.iter_lines()
+            assert next(events).startswith("data: ")
+            act()
+            return [line for line in events if line]
+
+    def signal_group(self, sig: int) -> None:
+        """Signal every process of the server's group, as systemd stops a service."""
+        os.killpg(self.proc.pid, sig)
+
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and self.new_session:
+            self.signal_group(signal.SIGKILL)  # the engine and workers too
+        elif self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
 
@@ -138,11 +154,7 @@ def test_folio_serve_demo_model_finishes_in_flight_on_sigterm_and_exits_0():
                             "--max-model-len", "512", "--shutdown-timeout", "60", "--engine-process"])
     try:
         body = {"prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=HANG_LIMIT_S) as r:
-            events = r.iter_lines()
-            assert next(events).startswith("data: ")
-            server.proc.send_signal(signal.SIGTERM)
-            rest = [line for line in events if line]
+        rest = server.stream_then(body, lambda: server.proc.send_signal(signal.SIGTERM))
         assert rest[-1] == "data: [DONE]"
         assert json.loads(rest[-2][len("data: "):])["choices"][0]["finish_reason"] == "length"
         assert server.proc.wait(HANG_LIMIT_S) == 0, "".join(server.lines)
@@ -159,19 +171,13 @@ def test_sigterm_to_the_whole_group_still_finishes_in_flight_and_logs_no_crash()
                            new_session=True)
     try:
         body = {"prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=HANG_LIMIT_S) as r:
-            events = r.iter_lines()
-            assert next(events).startswith("data: ")
-            os.killpg(server.proc.pid, signal.SIGTERM)
-            rest = [line for line in events if line]
+        rest = server.stream_then(body, lambda: server.signal_group(signal.SIGTERM))
         assert rest[-1] == "data: [DONE]"
         assert json.loads(rest[-2][len("data: "):])["choices"][0]["finish_reason"] == "length"
         assert server.proc.wait(HANG_LIMIT_S) == 0, "".join(server.lines)
         log = "".join(server.lines)
         assert "engine process exited" not in log and "ERROR" not in log, log
     finally:
-        if server.proc.poll() is None:
-            os.killpg(server.proc.pid, signal.SIGKILL)
         server.stop()
 
 
