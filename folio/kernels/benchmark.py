@@ -346,6 +346,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
     parser.add_argument("--only", choices=["prefill", "sampling", "quant", "fp8", "decode"],
                         help="run only these cases (and the ceilings)")
+    parser.add_argument("--tokens", type=int, nargs="+", help="quant: only these token counts (M)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
@@ -367,7 +368,7 @@ def main() -> None:
     if args.only == "quant":  # W4A16 / FP8 at Llama-3.1-8B's shapes (kernels/benchmark_quant.py)
         from folio.kernels.benchmark_quant import quant_cases
 
-        rows += quant_cases(device, dtype, ceilings, args.tiny, args.sweep, _row)
+        rows += quant_cases(device, dtype, ceilings, args.tiny, args.sweep, _row, args.tokens)
     if args.only == "fp8":  # the FP8 GEMM alone: cuBLASLt against the Triton kernel, by token count
         from folio.kernels.benchmark_quant import fp8_gemm_cases
 

@@ -48,15 +48,17 @@ SWEEP_GEMV = [
 # Session 7: the same kernels unpacking with int-to-float conversions (MAGIC=0), the way they did
 # before: (kind, BLOCK_N, BLOCK_K, num_warps) at pick_config's split; default rows use MAGIC=1.
 SWEEP_NO_MAGIC = [("gemv", 128, 128, 4), ("gemv", 64, 64, 2), ("gemv", 256, 128, 8), ("dot", 64, 128, 4)]
+# The columns step (STEP 3): (BLOCK_N, BLOCK_K, num_warps), BLOCK_N = 256 x num_warps or wider.
+SWEEP_GEMV_COLUMNS = [(256, 32, 1), (512, 32, 2), (512, 32, 1), (1024, 32, 4), (256, 64, 1)]
 SWEEP_GEMV_MAGIC = [(256, 128, 8), (256, 64, 4), (512, 64, 8), (64, 128, 2), (512, 128, 8), (128, 64, 2)]
 
 
-def quant_cases(device, dtype, ceilings, tiny: bool, sweep: bool, row: Callable) -> list:
-    """Rows for the benchmark table; `row` is folio.kernels.benchmark._row."""
+def quant_cases(device, dtype, ceilings, tiny: bool, sweep: bool, row: Callable, tokens: list[int] | None = None) -> list:
+    """Rows for the benchmark table; `row` is folio.kernels.benchmark._row; `tokens`: only these M."""
     gen = torch.Generator().manual_seed(0)
     rows = []
     for name, k, n in TINY_GEMMS if tiny else LLAMA_8B_GEMMS:
-        for m in (1, 16) if tiny else (1, 16, 256):
+        for m in tokens or ((1, 16) if tiny else (1, 16, 256)):
             x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
             rows += _w4a16_rows(name, x, n, device, ceilings, sweep and m <= 16, gen, row)
             rows += _fp8_rows(name, x, n, device, ceilings, gen, row)
@@ -87,6 +89,13 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
         configs.append(("default n256", n256))
         configs.append(("default split x2", {**default, "SPLIT_K": default["SPLIT_K"] * 2}))
         configs.append(("default split /2", {**default, "SPLIT_K": max(1, default["SPLIT_K"] // 2)}))
+        # Session 12: the columns step (each thread holds every word row of 8 columns), at ~16, 8
+        # and 4 warps per SM.
+        for block_n, block_k, warps in SWEEP_GEMV_COLUMNS:
+            for busy in (16, 8, 4):
+                cfg = dict(default, STEP=3, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+                           SPLIT_K=gemv_split_k(n, k, block_n, block_k, _sms(device), busy // warps))
+                configs.append((f"columns n{block_n} k{block_k} w{warps} {busy} warps/SM", cfg))
         for block_n, warps in ((256, 4), (256, 8), (64, 2), (128, 2), (512, 8)) if sweep else ():
             cfg = dict(default, BLOCK_N=block_n, num_warps=warps,
                        SPLIT_K=gemv_split_k(n, k, block_n, default["BLOCK_K"], _sms(device)))

@@ -172,8 +172,9 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
         # the GEMV 3.27 ms, BLOCK_K 128 with the second launch 3.69 (docs/perf-notes.md).
         cfg = {"GEMV": 1, "BLOCK_N": 128, "BLOCK_K": 64, "REDUCE": 1, "num_warps": 4, **GEMV_OVERRIDES}
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], group_size)
-        if "SPLIT_K" not in cfg:
-            cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms)
+        if "SPLIT_K" not in cfg:  # about 16 warps per SM
+            busy = max(1, 16 // cfg["num_warps"])
+            cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms, busy)
         return cfg
     block_k = 64 if group_size % 64 == 0 else 32
     busy, steps, stages = 2, 4, None  # programs per SM to aim for; min K steps per split; pipeline depth
@@ -235,7 +236,8 @@ def w4a16_gemm_triton(
             x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
             result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, **launch, **pdl_launch(x),
+            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, EVEN_N=n % cfg["BLOCK_N"] == 0,
+            **launch, **pdl_launch(x),
         )
         if reduce:
             return result  # [1, N]

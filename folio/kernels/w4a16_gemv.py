@@ -141,6 +141,60 @@ def _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, 
 
 
 @triton.jit
+def _gemv_columns_step(packed, acts, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N] float32: _gemv_denormal_step's products summed over the step's word rows as they
+    are made, for layouts where one thread holds every row of its columns (BLOCK_N >= 256 x
+    num_warps: 8 columns per thread share each activation, where the [4, 1]-warp tiles share it
+    among 4). The rows' sum is then register adds fused into the FMAs, and the scale and zero point
+    apply once per column and step, not once per row."""
+    bits = packed.to(tl.uint32, bitcast=True)  # [BLOCK_K / 8, BLOCK_N]
+    high = bits >> 12  # nibbles 3..7 at bits 0..19
+    part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # 2^(S - 149) sum_j a_ij q_ij
+    a_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
+    for j in tl.static_range(8):  # nibble j of word i is input row k0 + 8i + j
+        a = acts[j].to(tl.float32)
+        a_sum += a
+        if j < 5:
+            f = (bits & (0xF << (4 * j))).to(tl.float32, bitcast=True)
+            b = a * (2.0 ** (DENORMAL_SHIFT - 4 * j))
+        else:
+            f = (high & (0xF << (4 * j - 12))).to(tl.float32, bitcast=True)
+            b = a * (2.0 ** (DENORMAL_SHIFT - 4 * j + 12))
+        part += f * b[:, None]
+    return tl.sum(part, axis=0) * (s * DENORMAL_UNSCALE) - tl.sum(a_sum, axis=0) * (z * s)
+
+
+@triton.jit
+def _columns_words(qw_ptr, k0, stride_qk, rn, n_ok, EVEN_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_K / 8, BLOCK_N] int32: the words of K rows k0 .. k0 + BLOCK_K (rows in range)."""
+    ptrs = qw_ptr + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[:, None] * stride_qk + rn[None, :]
+    if EVEN_N:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=n_ok[None, :], other=0)
+
+
+@triton.jit
+def _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
+                       GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       EVEN_N: tl.constexpr, PDL: tl.constexpr):
+    """[BLOCK_N] float32: _gemv_denormal_loop (words one step ahead, the first before gdc_wait)
+    with _gemv_columns_step. A split holds at least one step (the launcher drops empty ones), so
+    the prefetch after the last step can re-read that step's rows (an L2 hit) instead of masking;
+    with EVEN_N (N a multiple of BLOCK_N) the word loads take no mask at all."""
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    packed = _columns_words(qw_ptr, k_start, stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
+    pdl_wait(PDL)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k1 = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)  # the last step loads its own words again: no mask
+        following = _columns_words(qw_ptr, k1, stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
+        s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
+        acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
+        acc += _gemv_columns_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
+        packed = following
+    return acc
+
+
+@triton.jit
 def _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
                     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     MAGIC: tl.constexpr):
@@ -189,9 +243,10 @@ def _w4a16_gemv_kernel(
     SPLIT_K: tl.constexpr,
     REDUCE: tl.constexpr,
     MAGIC: tl.constexpr,
-    STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal
+    STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal, 3 columns
     PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
+    EVEN_N: tl.constexpr = False,  # N % BLOCK_N == 0 (STEP 3: word loads without a mask)
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -215,9 +270,12 @@ def _w4a16_gemv_kernel(
     acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # STEP 1, 2: summed over rows at the end
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    if not (STEP == 2 and PREFETCH):
+    if not (STEP == 2 and PREFETCH) and STEP != 3:
         pdl_wait(PDL)
-    if STEP == 2:
+    if STEP == 3:
+        acc = _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
+                                 rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PDL)
+    elif STEP == 2:
         acc_rows = _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
                                        rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH, PDL)
     elif STEP == 1:
@@ -228,7 +286,7 @@ def _w4a16_gemv_kernel(
         for k0 in range(k_start, k_end, BLOCK_K):
             acc += _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
                                    rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, MAGIC)
-    if STEP != 0:
+    if STEP == 1 or STEP == 2:
         acc = tl.sum(acc_rows, axis=0)  # [BLOCK_N]
     tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
     if REDUCE:
@@ -255,7 +313,7 @@ def last_split_sums(part_ptr, stride_part, out_ptr, counter_ptr, bias_ptr, pid_n
 
 
 # The GEMV's K-step kernels by name (FOLIO_W4A16_GEMV_STEP picks one; the config key STEP).
-GEMV_STEPS = {"tiles": 0, "flat": 1, "denormal": 2}
+GEMV_STEPS = {"tiles": 0, "flat": 1, "denormal": 2, "columns": 3}
 
 
 def _step_from_env() -> int:
@@ -268,12 +326,12 @@ def _step_from_env() -> int:
 STEP_DEFAULT = _step_from_env()
 
 
-def gemv_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int) -> int:
-    """The GEMV's split of K: doubled until about four programs per SM, keeping >= 2 K steps each.
-    (Session 9 measured a rule nearest four per SM with <= 16 steps each, which halves o's and
-    down's splits: 3.11 vs 3.04 ms per INT4 token, so this one stays.)"""
+def gemv_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int, busy: int = 4) -> int:
+    """The GEMV's split of K: doubled until about `busy` programs per SM (four of four warps),
+    keeping >= 2 K steps each. (Session 9 measured a rule nearest four per SM with <= 16 steps
+    each, which halves o's and down's splits: 3.11 vs 3.04 ms per INT4 token, so this one stays.)"""
     tiles, split_k = triton.cdiv(n, block_n), 1
-    while tiles * split_k < 4 * num_sms and k // (block_k * split_k * 2) >= 2:
+    while tiles * split_k < busy * num_sms and k // (block_k * split_k * 2) >= 2:
         split_k *= 2
     return split_k
 

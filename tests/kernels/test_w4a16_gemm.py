@@ -53,11 +53,11 @@ def test_kernel_matches_dequantize_then_matmul(device, m, k, n, group, asym, spl
 @pytest.mark.parametrize(
     ("k", "n", "group", "asym", "split_k", "block_n", "block_k"),
     [(64, 24, 32, False, 1, 16, 32), (96, 37, 32, True, 2, 32, 32), (256, 40, 128, True, 2, 16, 64),
-     (384, 17, 128, False, 4, 32, 128), (128, 9, 64, True, 1, 64, 64)],
+     (384, 17, 128, False, 4, 32, 128), (128, 9, 64, True, 1, 64, 64), (512, 64, 128, True, 4, 32, 32)],
 )
 @pytest.mark.parametrize("reduce", [False, True], ids=["sum-kernel", "reduce-in-kernel"])
-@pytest.mark.parametrize(("magic", "step", "prefetch"), [(1, 2, 1), (1, 2, 0), (1, 1, 1), (1, 0, 1), (0, 0, 1)],
-                         ids=["denormal", "denormal-no-prefetch", "flat", "exponent-unpack", "int-to-float"])
+@pytest.mark.parametrize(("magic", "step", "prefetch"), [(1, 3, 1), (1, 2, 1), (1, 2, 0), (1, 1, 1), (1, 0, 1), (0, 0, 1)],
+                         ids=["columns", "denormal", "denormal-no-prefetch", "flat", "exponent-unpack", "int-to-float"])
 def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, split_k, block_n, block_k, reduce, magic, step,
                                                     prefetch):
     """One token through the GEMV kernel (denormal or flat [K/8, N] steps; 3-D tiles unpacking through
@@ -77,8 +77,9 @@ def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, s
         torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("step", [2, 3], ids=["denormal", "columns"])
 @pytest.mark.parametrize("scale", [1e-9, 1.0, 3e4])
-def test_denormal_gemv_keeps_float32_accuracy_at_any_activation_scale(device, scale):
+def test_denormal_gemv_keeps_float32_accuracy_at_any_activation_scale(device, scale, step):
     """The denormal K step reads nibbles as denormal floats and scales the activations by powers
     of two up to 2^64: its products must stay normal floats and finite from tiny to large inputs
     (zeros among them), so the sum is as close to the float64 one as float32 accumulation allows."""
@@ -90,7 +91,7 @@ def test_denormal_gemv_keeps_float32_accuracy_at_any_activation_scale(device, sc
     w64 = (q.double() - zeros.cpu().double().repeat_interleave(group, 0)) * scales.cpu().double().repeat_interleave(group, 0)
     expected = x.double() @ w64
     bound = x.double().abs() @ w64.abs()
-    cfg = dict(GEMV=1, BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, STEP=2)
+    cfg = dict(GEMV=1, BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, STEP=step)
     out = w4a16_gemm_triton(x.to(device), qweight, scales, zeros, group, config=cfg).cpu().double()
     assert torch.isfinite(out).all()
     assert ((out - expected).abs() <= 1e-5 * bound).all(), ((out - expected).abs() / bound).max()
@@ -143,6 +144,27 @@ def test_full_size_matches_reference(m, k, n, asym):
     expected = w4a16_reference(x.float(), qweight, scales, zeros, 128)
     # The kernel rounds each dequantized weight and the output to bf16 (2^-9 relative each).
     torch.testing.assert_close(out.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("block_n", "block_k", "warps"), [(256, 32, 1), (512, 32, 2), (1024, 32, 4)])
+@pytest.mark.parametrize(("k", "n"), [(4096, 6144), (14336, 4096), (4096, 3000)])
+@pytest.mark.parametrize("asym", [False, True])
+def test_columns_step_full_size_matches_reference(block_n, block_k, warps, k, n, asym):
+    """The columns K step at the tiles it is meant for (each thread holds every word row of its
+    columns), N a multiple of the tile or not, with the split-K sum in the kernel."""
+    gen = torch.Generator().manual_seed(n)
+    qweight, scales, zeros, _ = _random_int4(k, n, 128, asym, gen, "cuda")
+    x = torch.randn(1, k, generator=gen).to("cuda", torch.bfloat16)
+    cfg = {**pick_config(1, n, k, 128), "STEP": 3, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps}
+    cfg.pop("SPLIT_K")
+    from folio.kernels.w4a16_gemv import gemv_split_k
+    cfg["SPLIT_K"] = gemv_split_k(n, k, block_n, block_k, torch.cuda.get_device_properties(0).multi_processor_count,
+                                  16 // warps)
+    expected = w4a16_reference(x.float(), qweight, scales, zeros, 128)
+    for _ in range(2):  # the counters are back at zero
+        out = w4a16_gemm_triton(x, qweight, scales, zeros, 128, config=cfg)
+        torch.testing.assert_close(out.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=2e-2)
 
 
 @pytest.mark.gpu
