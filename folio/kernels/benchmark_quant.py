@@ -89,9 +89,14 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
         configs.append(("default n256", n256))
         configs.append(("default split x2", {**default, "SPLIT_K": default["SPLIT_K"] * 2}))
         configs.append(("default split /2", {**default, "SPLIT_K": max(1, default["SPLIT_K"] // 2)}))
-        # Session 12: the columns step (each thread holds every word row of 8 columns), at ~16, 8
-        # and 4 warps per SM.
-        for block_n, block_k, warps in SWEEP_GEMV_COLUMNS:
+        # Session 12: the denormal step's tiles (the default before the columns step) for the A/B,
+        # and the columns step (each thread holds every word row of 8 columns) at ~16, 8 and 4
+        # warps per SM.
+        for block_n in (128, 256):
+            configs.append((f"denormal n{block_n} k64 w4", dict(
+                GEMV=1, STEP=2, BLOCK_N=block_n, BLOCK_K=64, REDUCE=1, num_warps=4,
+                SPLIT_K=gemv_split_k(n, k, block_n, 64, _sms(device)))))
+        for block_n, block_k, warps in SWEEP_GEMV_COLUMNS if sweep else ():
             for busy in (16, 8, 4):
                 cfg = dict(default, STEP=3, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
                            SPLIT_K=gemv_split_k(n, k, block_n, block_k, _sms(device), busy // warps))

@@ -28,8 +28,10 @@ from folio.kernels.w4a16_gemv import (  # noqa: F401 (gemv_split_k: re-exported 
     _group_scale_zero,
     _split_counters,
     _w4a16_gemv_kernel,
-    gemv_split_k,
+    GEMV_STEPS,
     STEP_DEFAULT,
+    columns_split_k,
+    gemv_split_k,
 )
 
 PACK = 8  # int4 values per int32
@@ -168,13 +170,21 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
     """Tile sizes and split-K: small M splits K until about two programs per SM; one token
     takes the GEMV kernel (GEMV=1) with wide tiles, split until about four programs per SM."""
     if m == 1:
-        # Measured (session 8, H100, batch-1 decode of the 8B): BLOCK_K 64 with the split-K sum in
-        # the GEMV 3.27 ms, BLOCK_K 128 with the second launch 3.69 (docs/perf-notes.md).
-        cfg = {"GEMV": 1, "BLOCK_N": 128, "BLOCK_K": 64, "REDUCE": 1, "num_warps": 4, **GEMV_OVERRIDES}
+        if STEP_DEFAULT == GEMV_STEPS["columns"]:
+            # Session 12 (H100, the 8B's shapes): one-warp programs of 256 columns x 32 K rows,
+            # K split to the most programs that still walk >= 4 steps each (docs/perf-notes.md).
+            cfg = {"GEMV": 1, "STEP": 3, "BLOCK_N": 256, "BLOCK_K": 32, "REDUCE": 1, "num_warps": 1}
+        else:
+            # Session 8 (batch-1 decode of the 8B): BLOCK_K 64 with the split-K sum in the GEMV
+            # 3.27 ms, BLOCK_K 128 with the second launch 3.69.
+            cfg = {"GEMV": 1, "BLOCK_N": 128, "BLOCK_K": 64, "REDUCE": 1, "num_warps": 4}
+        cfg.update(GEMV_OVERRIDES)
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], group_size)
-        if "SPLIT_K" not in cfg:  # about 16 warps per SM
-            busy = max(1, 16 // cfg["num_warps"])
-            cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms, busy)
+        if "SPLIT_K" not in cfg:
+            if cfg.get("STEP", STEP_DEFAULT) == GEMV_STEPS["columns"]:
+                cfg["SPLIT_K"] = columns_split_k(k, cfg["BLOCK_K"])
+            else:  # about 16 warps per SM
+                cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms, max(1, 16 // cfg["num_warps"]))
         return cfg
     block_k = 64 if group_size % 64 == 0 else 32
     busy, steps, stages = 2, 4, None  # programs per SM to aim for; min K steps per split; pipeline depth

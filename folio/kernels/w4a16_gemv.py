@@ -317,7 +317,7 @@ GEMV_STEPS = {"tiles": 0, "flat": 1, "denormal": 2, "columns": 3}
 
 
 def _step_from_env() -> int:
-    name = os.environ.get("FOLIO_W4A16_GEMV_STEP", "denormal")
+    name = os.environ.get("FOLIO_W4A16_GEMV_STEP", "columns")
     if name not in GEMV_STEPS:
         raise ValueError(f"FOLIO_W4A16_GEMV_STEP={name!r}: expected one of {', '.join(GEMV_STEPS)}.")
     return GEMV_STEPS[name]
@@ -332,6 +332,16 @@ def gemv_split_k(n: int, k: int, block_n: int, block_k: int, num_sms: int, busy:
     each, which halves o's and down's splits: 3.11 vs 3.04 ms per INT4 token, so this one stays.)"""
     tiles, split_k = triton.cdiv(n, block_n), 1
     while tiles * split_k < busy * num_sms and k // (block_k * split_k * 2) >= 2:
+        split_k *= 2
+    return split_k
+
+
+def columns_split_k(k: int, block_k: int, min_steps: int = 4) -> int:
+    """The columns step's split of K: the largest power of two that leaves every program at least
+    `min_steps` K steps (session 12's kernel sweep at the 8B's four shapes: the best split of
+    each; fewer steps per program lose to the split-K sum, fewer programs to the DRAM latency)."""
+    split_k = 1
+    while k // (block_k * split_k * 2) >= min_steps:
         split_k *= 2
     return split_k
 
