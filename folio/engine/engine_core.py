@@ -7,15 +7,14 @@ EngineLoop), `send(command)`, and `join()` once a StopCommand was sent.
 EngineThread (the default) shares the server's GIL: the event loop's HTTP work and the engine's
 Python take turns. EngineProcess gives the engine a GIL of its own, and a crash of its own (the
 server then answers 503 instead of dying); commands and outputs cross a pipe, outputs as plain
-tuples without their prompt, which the frontend already has. docs/serving.md measures both.
+tuples without their prompt, which the frontend already has (engine/wire.py). docs/serving.md
+measures both.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import multiprocessing
-import operator
 import os
 import queue
 import signal
@@ -36,8 +35,8 @@ from folio.engine.engine_loop import (
 )
 from folio.engine.startup_heap import freeze_startup_heap
 from folio.engine.warm_up import warm_up
+from folio.engine.wire import WireDecoder, WireEncoder
 from folio.logger import init_logger
-from folio.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from folio.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # light at import: the engine process starts before the server imports torch
@@ -47,12 +46,6 @@ if TYPE_CHECKING:  # light at import: the engine process starts before the serve
 logger = init_logger(__name__)
 
 Deliver = Callable[[Any], None]
-# Outputs cross the pipe as tuples of these fields, in this order (every field an __init__
-# argument, in declaration order, so the far side rebuilds them positionally).
-_COMPLETION_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionOutput))
-_METRICS_FIELDS = tuple(f.name for f in dataclasses.fields(RequestMetrics))
-_completion_tuple = operator.attrgetter(*_COMPLETION_FIELDS)
-_metrics_tuple = operator.attrgetter(*_METRICS_FIELDS)
 
 
 class EngineThread:
@@ -128,8 +121,8 @@ class EngineProcess:
         child_conn.close()
         self.engine = None  # it lives in the other process
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        # request id -> (prompt text, prompt token ids): outputs come back without them.
-        self._prompts: dict[str, tuple[str | None, list[int]]] = {}
+        # Outputs come back without their prompts: the decoder keeps them by request id.
+        self._wire = WireDecoder()
         self._threads: list[threading.Thread] = []
         self._ready: Ready | None = None
 
@@ -177,9 +170,9 @@ class EngineProcess:
         if isinstance(command, AddCommand):
             command = self._with_token_ids(command)
             prompt = command.prompt
-            self._prompts[command.request_id] = (prompt.get("prompt"), list(prompt.get("prompt_token_ids", [])))
+            self._wire.add(command.request_id, prompt.get("prompt"), list(prompt.get("prompt_token_ids", [])))
         elif isinstance(command, AbortCommand):
-            self._prompts.pop(command.request_id, None)
+            self._wire.forget(command.request_id)
         self._outbox.put(command)
 
     def _with_token_ids(self, command: AddCommand) -> AddCommand:
@@ -220,26 +213,13 @@ class EngineProcess:
                 deliver(Died(f"The engine process exited (exit code {self.process.exitcode}); restart the server."))
                 return
             if isinstance(message, Stepped):
-                message = replace(message, outputs=[self._decode(o) for o in message.outputs])
+                decode = self._wire.decode
+                message = replace(message, outputs=[decode(o) for o in message.outputs])
                 for request_id in message.failed:
-                    self._prompts.pop(request_id, None)
+                    self._wire.forget(request_id)
             deliver(message)
             if isinstance(message, (Stopped, Died)):
                 return
-
-    def _decode(self, wire: tuple) -> RequestOutput:
-        request_id, completions, finished, metrics, num_cached_tokens, prompt_logprobs = wire
-        prompt, token_ids = (self._prompts.pop if finished else self._prompts.get)(request_id, (None, []))
-        return RequestOutput(
-            request_id=request_id,
-            prompt=prompt,
-            prompt_token_ids=token_ids,
-            prompt_logprobs=prompt_logprobs,
-            outputs=[CompletionOutput(*c) for c in completions],
-            finished=finished,
-            metrics=RequestMetrics(*metrics) if metrics is not None else None,
-            num_cached_tokens=num_cached_tokens,
-        )
 
 
 def run_engine_process(make_engine: Callable[[], LLMEngine], conn: Any) -> None:
@@ -254,6 +234,7 @@ def run_engine_process(make_engine: Callable[[], LLMEngine], conn: Any) -> None:
         conn.send(Died(f"The engine failed to start: {e}"))
         return
     engine.isolate_request_errors()
+    engine.output_processor.wire_records = True  # streamed steps as wire records, not RequestOutputs
     freeze_startup_heap("Engine process")
     conn.send(Ready(engine.config.model, engine.get_tokenizer() is not None,
                     engine.default_sampling_params(), engine.stats()))
@@ -304,31 +285,14 @@ def _pipe_take(conn: Any) -> Callable[[bool], list[Any]]:
 
 
 def _pipe_emit(conn: Any) -> Callable[[Any], None]:
-    sent_prompt_logprobs: set[str] = set()
+    encode = WireEncoder().encode
 
     def emit(message: Any) -> None:
         if isinstance(message, Stepped):
-            message = replace(message, outputs=[_encode(o, sent_prompt_logprobs) for o in message.outputs])
+            message = replace(message, outputs=encode(message.outputs))
         try:
             conn.send(message)
         except OSError:
             pass  # the server is gone; the next take() stops the loop
 
     return emit
-
-
-def _encode(output: RequestOutput, sent_prompt_logprobs: set[str]) -> tuple:
-    """An output as plain tuples (pickled ~10x faster than the dataclasses), minus what the
-    frontend has: the prompt (resending it every step would cost O(prompt) per token), and
-    prompt log-probs after the first output with tokens."""
-    prompt_logprobs = None
-    if output.prompt_logprobs is not None and any(c.token_ids for c in output.outputs):
-        if output.request_id not in sent_prompt_logprobs:
-            sent_prompt_logprobs.add(output.request_id)
-            prompt_logprobs = output.prompt_logprobs
-    if output.finished:
-        sent_prompt_logprobs.discard(output.request_id)
-    completions = [_completion_tuple(c) for c in output.outputs]
-    m = output.metrics
-    metrics = None if m is None else _metrics_tuple(m)
-    return (output.request_id, completions, output.finished, metrics, output.num_cached_tokens, prompt_logprobs)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from folio.engine.wire import finished_request_ids
 from folio.logger import init_logger
 from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
@@ -176,7 +177,7 @@ class EngineLoop:
             start = time.perf_counter()
             outputs = self.engine.step()
             seconds = time.perf_counter() - start
-            self._live.difference_update(o.request_id for o in outputs if o.finished)
+            self._live.difference_update(finished_request_ids(outputs))
             failed = self._take_failed()
             self.emit(Stepped(outputs, failed, self.engine.stats(), seconds))
 

@@ -2,6 +2,9 @@
 
 It owns what the scheduler does not know about: text (incremental detokenization), stop
 strings, log-prob objects, metrics, and the grouping of n > 1 samples under their parent id.
+
+With `wire_records` (the engine process sets it) a streamed request's plain step is returned as a
+streamed wire record (engine/wire.py) instead of a RequestOutput: the server rebuilds the output.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ class RequestState:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     n: int = 1  # completions returned: the n best of the samples when best_of > n
+    # wire_records: whether this request's steps may go as streamed records (one sample, DELTA,
+    # no log-probs), and the cached-token count the server has from its last full record
+    # (None until one with the first token went).
+    streamed: bool = False
+    wire_cached_tokens: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -67,6 +75,7 @@ class OutputProcessor:
         # output fails that request alone: it is forgotten and reported by take_errors().
         # Offline callers keep the default and see the exception.
         self.isolate_errors = False
+        self.wire_records = False
         self._errors: dict[str, tuple[Exception, list[str]]] = {}
 
     # ---- registration -----------------------------------------------------------------------
@@ -103,6 +112,9 @@ class OutputProcessor:
             metrics=RequestMetrics(arrival_time=arrival_time),
             n=params.n,
         )
+        state.streamed = (self.wire_records and params.output_kind == RequestOutputKind.DELTA and len(samples) == 1
+                          and params.n == 1 and samples[0].logprobs is None
+                          and samples[0].cumulative_logprob is None and state.prompt_logprobs is None)
         self.requests[request_id] = state
         for sample in samples:
             self.samples[sample.request_id] = (state, sample)
@@ -162,7 +174,11 @@ class OutputProcessor:
                 continue
             finished = state.finished  # once per request and step (it walks the samples)
             try:
-                output = self._make_output(state, finished)
+                output = None
+                if state.streamed:
+                    output = self._streamed_record(state, now)
+                if output is None:
+                    output = self._make_output(state, finished)
             except Exception as e:
                 self._fail(state, e)
                 continue
@@ -244,6 +260,21 @@ class OutputProcessor:
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, state.prompt_logprobs,
                              completions, finished, state.metrics, state.num_cached_tokens)
 
+    def _streamed_record(self, state: RequestState, now: float) -> tuple | None:
+        """A streamed request's step as a streamed wire record (engine/wire.py), or None where it
+        needs a full one: the server has no first-token time yet, the cached-token count moved,
+        or the step brought the sample no token."""
+        sample = state.samples[0]
+        if state.wire_cached_tokens != state.num_cached_tokens or len(sample.token_ids) <= sample.sent_tokens:
+            if state.metrics.first_token_time is not None:  # the full record about to go tells the server
+                state.wire_cached_tokens = state.num_cached_tokens
+            return None
+        if state.metrics.last_token_time != now:  # tokens, but not from this step (not seen so far)
+            return None
+        text, new_tokens, _ = self._take_delta(sample)
+        finish = None if sample.finish_reason is None else (sample.finish_reason, sample.stop_reason)
+        return (state.request_id, text, new_tokens, finish, now)
+
     def _completion(self, sample: SampleState, kind: RequestOutputKind) -> CompletionOutput | None:
         if kind != RequestOutputKind.DELTA:
             return CompletionOutput(
@@ -261,23 +292,34 @@ class OutputProcessor:
         """What is new since the last output; text that may still become a stop string waits."""
         if sample.finish_sent:
             return None
-        finished = sample.finish_reason is not None
-        text_end = len(sample.text)
-        if not finished and sample.params.stop:  # text that may still become a stop string waits
-            text_end = streamable_length(sample.text, sample.params.stop, sample.sent_text)
-        new_tokens = sample.token_ids[sample.sent_tokens :]
-        if not finished and not new_tokens and text_end <= sample.sent_text:
+        taken = self._take_delta(sample)
+        if taken is None:
             return None
+        text, new_tokens, start = taken
         logprobs = None
         if sample.logprobs is not None:
-            logprobs = sample.logprobs[sample.sent_tokens :]
-        delta = CompletionOutput(sample.index, sample.text[sample.sent_text : text_end], new_tokens,
-                                 sample.cumulative_logprob, logprobs, sample.finish_reason, sample.stop_reason)
+            logprobs = sample.logprobs[start:]
+        return CompletionOutput(sample.index, text, new_tokens, sample.cumulative_logprob, logprobs,
+                                sample.finish_reason, sample.stop_reason)
+
+    @staticmethod
+    def _take_delta(sample: SampleState) -> tuple[str, list[int], int] | None:
+        """The text and tokens new since the last output, and where those tokens start; marks them
+        sent. None if there is nothing to send (text that may still become a stop string waits)."""
+        finished = sample.finish_reason is not None
+        text_end = len(sample.text)
+        if not finished and sample.params.stop:
+            text_end = streamable_length(sample.text, sample.params.stop, sample.sent_text)
+        start = sample.sent_tokens
+        new_tokens = sample.token_ids[start:]
+        if not finished and not new_tokens and text_end <= sample.sent_text:
+            return None
+        text = sample.text[sample.sent_text : text_end]
         sample.sent_tokens = len(sample.token_ids)
         if text_end > sample.sent_text:
             sample.sent_text = text_end
         sample.finish_sent = finished
-        return delta
+        return text, new_tokens, start
 
     def _fail(self, state: RequestState, error: Exception) -> None:
         if not self.isolate_errors:
