@@ -3,6 +3,7 @@ engine would have returned, for every kind of request; streamed records carry th
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import random
 
@@ -31,7 +32,8 @@ class Clock:
 
 
 def _params(**kwargs) -> SamplingParams:
-    return SamplingParams(max_tokens=1000, output_kind=kwargs.pop("output_kind", DELTA), **kwargs)
+    kwargs.setdefault("max_tokens", 1000)
+    return SamplingParams(output_kind=kwargs.pop("output_kind", DELTA), **kwargs)
 
 
 # name -> (params, number of samples the engine runs, whether steps carry log-probs)
@@ -141,3 +143,41 @@ def test_the_first_output_goes_in_full_and_a_failure_still_fails_the_request_alo
     processor.samples["r"][1].params = None  # the next step raises while processing this request
     outputs, _ = processor.process_outputs([EngineCoreOutput("r", [50])])
     assert outputs == [] and list(processor.take_errors()) == ["r"]
+
+
+@pytest.mark.slow
+def test_a_real_engine_streams_records_that_decode_to_its_outputs(tmp_path_factory):
+    """Two engines on one checkpoint step the same requests; the one making records (as in the
+    engine process) decodes, step by step, to the other's outputs (times aside: two clocks)."""
+    from folio import LLM
+    from tests.helpers.checkpoints import tiny_model_dir
+
+    path = tiny_model_dir(tmp_path_factory, "llama")
+    plain, wired = (LLM(model=path, dtype="float32", device="cpu", max_model_len=256, seed=0).llm_engine
+                    for _ in range(2))
+    wired.output_processor.wire_records = True
+    decoder, encoder = WireDecoder(), WireEncoder()
+    requests = {
+        "greedy": _params(temperature=0, max_tokens=12, ignore_eos=True),
+        "stop": _params(temperature=0, max_tokens=12, ignore_eos=True, stop=["e", "an"]),
+        "one-token": _params(temperature=0, max_tokens=1),
+        "logprobs": _params(temperature=0, max_tokens=6, logprobs=2, prompt_logprobs=1),
+        "n2": _params(temperature=1.0, seed=3, max_tokens=6, n=2),
+    }
+    for name, params in requests.items():
+        prompt = {"prompt": f"Once upon a time, {name}"}
+        for engine in (plain, wired):
+            engine.add_request(name, prompt, params)
+        decoder.add(name, prompt["prompt"], plain.output_processor.requests[name].prompt_token_ids)
+    streamed, sent = 0, set()
+    while plain.has_unfinished_requests():
+        expected = _as_sent(plain.step(), sent)
+        records = pickle.loads(pickle.dumps(encoder.encode(wired.step())))
+        streamed += sum(len(r) == STREAMED_RECORD_LEN for r in records)
+        got = [decoder.decode(r) for r in records]
+        assert [dataclasses.replace(o, metrics=None) for o in got] == [dataclasses.replace(o, metrics=None) for o in expected]
+        for output in got:
+            m = output.metrics
+            assert m.first_token_time <= m.last_token_time and (m.finished_time == m.last_token_time) == output.finished
+    assert not wired.has_unfinished_requests() and len(decoder) == 0
+    assert streamed >= 10
