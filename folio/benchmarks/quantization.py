@@ -91,11 +91,33 @@ def print_kernel_profile(generate: Any, tokens: int, scheme: str, top: int = 16)
     field = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, field, 0) > 0]
     busy = sum(getattr(e, field) for e in events) / tokens
-    print(f"PROFILE ##### {scheme}: device time per token {busy:.1f} us over {tokens} tokens", flush=True)
+    exposed = exposed_time(prof.events()) if cuda else {}
+    print(f"PROFILE ##### {scheme}: device time per token {busy:.1f} us over {tokens} tokens "
+          f"(exposed: {sum(exposed.values()) / tokens:.1f})", flush=True)
     for e in sorted(events, key=lambda e: -getattr(e, field))[:top]:
         per_token = getattr(e, field) / tokens
         print(f"PROFILE {per_token:8.1f} us/token {e.count / tokens:6.1f} calls/token "
-              f"{getattr(e, field) / e.count:7.2f} us/call  {e.key[:80]}", flush=True)
+              f"{getattr(e, field) / e.count:7.2f} us/call {exposed.get(e.key, 0.0) / tokens:8.1f} exposed  "
+              f"{e.key[:80]}", flush=True)
+
+
+def exposed_time(events: Any) -> dict[str, float]:
+    """Per kernel name, the device time (us) by which it moved the end of the work so far: sorted
+    by start, each kernel counts end - max(start, the latest end before it), or nothing. Under
+    programmatic dependent launch a kernel starts while the one before it runs and its span
+    includes that wait; this is its share of the critical path, and the shares add up to the
+    device's busy wall time."""
+    from torch.autograd import DeviceType
+
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                   if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    out: dict[str, float] = {}
+    frontier = float("-inf")
+    for start, end, name in spans:
+        if end > frontier:
+            out[name] = out.get(name, 0.0) + end - max(start, frontier)
+            frontier = end
+    return out
 
 
 def run_one(args: argparse.Namespace) -> None:
