@@ -180,9 +180,10 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
             cfg = {"GEMV": 1, "BLOCK_N": 128, "BLOCK_K": 64, "REDUCE": 1, "num_warps": 4}
         cfg.update(GEMV_OVERRIDES)
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], group_size)
+        min_steps = cfg.pop("MIN_STEPS", 4)  # columns: K steps per program at least (an A/B key)
         if "SPLIT_K" not in cfg:
             if cfg.get("STEP", STEP_DEFAULT) == GEMV_STEPS["columns"]:
-                cfg["SPLIT_K"] = columns_split_k(k, cfg["BLOCK_K"])
+                cfg["SPLIT_K"] = columns_split_k(k, cfg["BLOCK_K"], min_steps)
             else:  # about 16 warps per SM
                 cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms, max(1, 16 // cfg["num_warps"]))
         return cfg
