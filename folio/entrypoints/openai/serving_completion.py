@@ -62,9 +62,10 @@ class OpenAIServingCompletion(OpenAIServing):
             return [EnginePrompt(self.encode(prompt), prompt)]
         if not prompt:
             raise BadRequestError("prompt must not be empty.", param="prompt")
-        if all(isinstance(p, int) for p in prompt):
+        # A validated list holds one kind (protocol/completion.py's Prompt): its first item tells which.
+        if isinstance(prompt[0], int):
             return [self._token_prompt(prompt, request.echo)]
-        if all(isinstance(p, str) for p in prompt):
+        if isinstance(prompt[0], str):
             return [EnginePrompt(self.encode(p), p) for p in prompt]
         return [self._token_prompt(p, request.echo) for p in prompt]
 

@@ -204,9 +204,10 @@ class OpenAIServing:
     ) -> list[RequestStream]:
         """Add one engine request per prompt (ids `{request_id}-{i}` when several): all or none.
 
-        All adds go to the engine at once (one round trip, not one per prompt).
+        All adds go to the engine at once (one round trip, not one per prompt); a single prompt,
+        the common case, is awaited as it is, without a task and a gather around it.
         """
-        adds = []
+        requests = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             engine_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             engine_prompt = {"prompt_token_ids": prompt.token_ids}
@@ -216,7 +217,15 @@ class OpenAIServing:
                 engine_prompt["cache_salt"] = cache_salt
             if self.request_logger is not None:
                 self.request_logger.log(engine_id, prompt.text, prompt.token_ids, p)
-            adds.append(asyncio.ensure_future(self.engine.add_request(engine_id, engine_prompt, p, priority, lora_request)))
+            requests.append((engine_id, engine_prompt, p))
+        if len(requests) == 1:  # a cancel while waiting: add_request withdraws the request itself
+            engine_id, engine_prompt, p = requests[0]
+            try:
+                return [await self.engine.add_request(engine_id, engine_prompt, p, priority, lora_request)]
+            except Exception as e:
+                raise from_engine_error(e) from None
+        adds = [asyncio.ensure_future(self.engine.add_request(engine_id, engine_prompt, p, priority, lora_request))
+                for engine_id, engine_prompt, p in requests]
         try:
             results = await asyncio.gather(*adds, return_exceptions=True)
         except asyncio.CancelledError:  # the client left: withdraw whatever was added

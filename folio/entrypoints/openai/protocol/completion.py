@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
+from pydantic_core import SchemaValidator, core_schema
 
 from folio.entrypoints.openai.protocol.common import SamplingRequest, TokenId, UsageInfo
 
@@ -17,6 +18,10 @@ Prompt = (
 )
 FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
+# Token ids in one strict pass (a bool is no int here either); `ge=0` is checked after it by a
+# min, which costs less than pydantic's per-item constraint.
+_PLAIN_INTS = SchemaValidator(core_schema.list_schema(core_schema.int_schema(strict=True), strict=True))
+
 
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
@@ -24,6 +29,22 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = Field(default=None, ge=0)
     best_of: int | None = None
     suffix: str | None = None
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _token_ids_at_once(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """A prompt of token ids, what benchmarks send, in one pass: the union's smart mode would
+        also try list[str] and list[list[TokenId]] on it, building one error per token before
+        list[TokenId] wins (~120 us for a 1,000-token prompt, against ~20 here). Anything else,
+        and any list this refuses, goes through the union: the same values, the same errors."""
+        if value.__class__ is list and value and value[0].__class__ is int:
+            try:
+                token_ids = _PLAIN_INTS.validate_python(value)
+            except ValidationError:
+                return handler(value)
+            if min(token_ids) >= 0:
+                return token_ids
+        return handler(value)
 
 
 class CompletionLogprobs(BaseModel):
