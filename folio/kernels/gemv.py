@@ -21,7 +21,8 @@ import os
 import torch
 
 from folio.kernels.triton_compat import check_same_device, pdl_launch, pdl_wait, tl, triton, use_triton_for
-from folio.kernels.w4a16_gemv import _split_counters, gemv_split_k, last_split_sums
+from folio.kernels.split_k_sum import _split_counters, last_split_sums
+from folio.kernels.w4a16_gemv import gemv_split_k
 
 _HALF = (torch.float16, torch.bfloat16)
 # FOLIO_GEMV=0: one-row linear layers stay on cuBLAS (the A/B switch).

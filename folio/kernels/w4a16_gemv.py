@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 
-import torch
-
+from folio.kernels.split_k_sum import last_split_sums, tree_split_sums
 from folio.kernels.triton_compat import pdl_wait, tl, triton
 
 
@@ -258,6 +257,7 @@ def _w4a16_gemv_kernel(
     PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead; STEP 3: 2 = two steps ahead
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
     EVEN_N: tl.constexpr = False,  # N % BLOCK_N == 0 (STEP 3: word loads without a mask)
+    TREE: tl.constexpr = 0,  # REDUCE with SPLIT_K > TREE: split_k_sum.tree_split_sums in groups of TREE
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -301,26 +301,10 @@ def _w4a16_gemv_kernel(
         acc = tl.sum(acc_rows, axis=0)  # [BLOCK_N]
     tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
     if REDUCE:
-        last_split_sums(c_ptr, stride_cs, out_ptr, counter_ptr, c_ptr, pid_n, rn, n_ok, False, BLOCK_N, SPLIT_K)
-
-
-@triton.jit
-def last_split_sums(part_ptr, stride_part, out_ptr, counter_ptr, bias_ptr, pid_n, rn, n_ok, HAS_BIAS: tl.constexpr,
-                    BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
-    """The split-K sum inside a GEMV (this one and folio/kernels/gemv.py), after each program stored
-    its float32 partial at part_ptr + split * stride_part + rn: the last of a column tile's
-    SPLIT_K programs to arrive (a counter per tile, taken with acq_rel after a barrier) adds the
-    partials in split order (the same bits whichever program ends last), plus the bias, writes the
-    output and zeroes the counter for the next launch."""
-    tl.debug_barrier()  # every thread's partial is stored before the counter moves
-    if tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:
-        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for split in tl.static_range(SPLIT_K):  # unrolled: all loads in flight
-            total += tl.load(part_ptr + split * stride_part + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
-        tl.atomic_xchg(counter_ptr + pid_n, 0)
+        if TREE > 0 and SPLIT_K > TREE:
+            tree_split_sums(c_ptr, stride_cs, out_ptr, counter_ptr, pid_n, pid_k, rn, n_ok, BLOCK_N, SPLIT_K, TREE)
+        else:
+            last_split_sums(c_ptr, stride_cs, out_ptr, counter_ptr, c_ptr, pid_n, rn, n_ok, False, BLOCK_N, SPLIT_K)
 
 
 # The GEMV's K-step kernels by name (FOLIO_W4A16_GEMV_STEP picks one; the config key STEP).
@@ -355,23 +339,3 @@ def columns_split_k(k: int, block_k: int, min_steps: int = 4) -> int:
     while k // (block_k * split_k * 2) >= min_steps:
         split_k *= 2
     return split_k
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []
-
-
-def _split_counters(tiles: int, device: torch.device) -> torch.Tensor:
-    """The REDUCE GEMV's per-tile counters: zero between launches (each tile's last program
-    zeroes its own), shared by every GEMM on the device (REDUCE GEMMs must run on one stream,
-    one at a time), grown when a wider GEMM comes (outside graph capture; outgrown buffers are
-    kept alive, since a graph captured earlier may still use them)."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"w4a16 REDUCE: {tiles} column tiles first seen inside a CUDA graph capture; "
-                               "run the GEMM once before capturing.")
-        if counters is not None:
-            _RETIRED.append(counters)  # a captured graph may still hold its address
-        counters = _COUNTERS[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
-    return counters
