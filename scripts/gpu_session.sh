@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's checks and measurements, in parts that each fit a 10-minute device call.
-#   bash scripts/gpu_session.sh PART...   (PART: tests w1 llama serve serve-sync serve-process prefix
+#   bash scripts/gpu_session.sh PART...   (PART: tests w1 llama serve serve-sync serve-process ingest prefix
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
@@ -48,6 +48,8 @@ serve|serve-sync|serve-process) part $p
   done
   python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/metrics').text)" | grep -E "^folio:engine_step"
   kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; grep -E "ready in|ERROR|Traceback" "$OUT/$p.log" | head -5 ;;
+ingest) part ingest  # issue 11: W1's ramp on this host's CPU: the bench client alone, then the serve stack
+  for M in null paused; do timeout 150 python3 scripts/ingest_bench.py --mode $M --runs 7 --json "$OUT/ingest-$M.json" 2>&1 | tail -1; done ;;
 prefix) part prefix
   timeout 150 python3 -m folio.benchmarks.prefix_caching --model $QWEN --load-format dummy --dtype bfloat16 \
     --num-prompts 256 --json "$OUT/prefix.json" 2>&1 | tail -25 ;;

@@ -277,7 +277,8 @@ def client(args: argparse.Namespace) -> None:
            "--arrivals", args.arrivals, *(["--profile", args.profile] if args.profile else [])]
     if args.server_args:
         cmd += ["--server-args", *args.server_args]
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "HF_HUB_OFFLINE": "1"}
+    path = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "FOLIO_WARM_UP": "0"}  # no GPU warm-up
     log = open(args.arrivals + ".server.log", "w")
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
