@@ -3,9 +3,8 @@ and the last program to arrive (a per-tile counter taken with acq_rel after a ba
 a fixed order, so the bits do not depend on which program ends last. Used by the W4A16 GEMV
 (folio/kernels/w4a16_gemv.py) and the 16-bit one (folio/kernels/gemv.py).
 
-With many splits (the W4A16 columns step splits K 32-64 ways) one last program adding every
-partial is a serial tail at the end of each GEMV; `tree_split_sums` adds them in groups of
-TREE_GROUP as the groups finish, so the last program adds only the group sums.
+(Session 12 measured a two-level sum, groups of 8 partials added as they finish and then the
+groups: 3.12-3.17 vs 3.02 ms per INT4 token with one level, so it was removed.)
 """
 
 from __future__ import annotations
@@ -13,9 +12,6 @@ from __future__ import annotations
 import torch
 
 from folio.kernels.triton_compat import tl, triton
-
-# Partials per group of the two-level sum (the launcher's TREE key; 0 keeps one level).
-TREE_GROUP = 8
 
 
 @triton.jit
@@ -35,53 +31,6 @@ def last_split_sums(part_ptr, stride_part, out_ptr, counter_ptr, bias_ptr, pid_n
             total += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
         tl.atomic_xchg(counter_ptr + pid_n, 0)
-
-
-@triton.jit
-def tree_split_sums(part_ptr, stride_part, out_ptr, counter_ptr, pid_n, pid_k, rn, n_ok, BLOCK_N: tl.constexpr,
-                    SPLIT_K: tl.constexpr, GROUP: tl.constexpr):
-    """last_split_sums in two levels: the last of each group of GROUP consecutive splits adds the
-    group's partials in split order into the group's first slot, then the last group to finish
-    adds the group sums in group order and writes the output (no bias). Counters: GROUPS + 1 per
-    column tile (tree_counters); each last arrival zeroes its own."""
-    GROUPS: tl.constexpr = (SPLIT_K + GROUP - 1) // GROUP
-    group = pid_k // GROUP
-    first = group * GROUP
-    counters = counter_ptr + pid_n * (GROUPS + 1)
-    tl.debug_barrier()  # every thread's partial is stored before the counter moves
-    if tl.atomic_add(counters + group, 1, sem="acq_rel") == tl.minimum(GROUP, SPLIT_K - first) - 1:
-        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for i in tl.static_range(GROUP):
-            total += tl.load(part_ptr + (first + i) * stride_part + rn, mask=n_ok & (first + i < SPLIT_K), other=0.0,
-                             cache_modifier=".cg")
-        tl.store(part_ptr + first * stride_part + rn, total, mask=n_ok)  # no one reads this slot's partial again
-        tl.atomic_xchg(counters + group, 0)
-        tl.debug_barrier()
-        if tl.atomic_add(counters + GROUPS, 1, sem="acq_rel") == GROUPS - 1:
-            out = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for g in tl.static_range(GROUPS):
-                out += tl.load(part_ptr + g * GROUP * stride_part + rn, mask=n_ok, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + rn, out.to(out_ptr.dtype.element_ty), mask=n_ok)
-            tl.atomic_xchg(counters + GROUPS, 0)
-
-
-@triton.jit
-def tree_sum_splits(ptrs, stride, mask, SPLIT_K: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr):
-    """The same sum as tree_split_sums (the same bits) over SPLIT_K partials at ptrs + i * stride,
-    for a separate sum kernel: groups of GROUP in split order, then the groups in order."""
-    out = tl.zeros((BLOCK,), dtype=tl.float32)
-    for g in tl.static_range((SPLIT_K + GROUP - 1) // GROUP):
-        total = tl.zeros((BLOCK,), dtype=tl.float32)
-        for i in tl.static_range(GROUP):
-            if g * GROUP + i < SPLIT_K:
-                total += tl.load(ptrs + (g * GROUP + i) * stride, mask=mask, other=0.0)
-        out += total
-    return out
-
-
-def tree_counters(tiles: int, split_k: int, group: int, device: torch.device) -> torch.Tensor:
-    """The counters tree_split_sums needs: (groups + 1) per column tile."""
-    return _split_counters(tiles * (triton.cdiv(split_k, group) + 1), device)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}

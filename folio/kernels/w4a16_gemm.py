@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from folio.kernels.triton_compat import check_same_device, pdl_launch, tl, triton, use_triton_for
-from folio.kernels.split_k_sum import TREE_GROUP, tree_counters, tree_sum_splits
+from folio.kernels.split_k_sum import _split_counters
 from folio.kernels.w4a16_gemv import (  # noqa: F401 (gemv_split_k: re-exported for the benchmark)
     _group_scale_zero,
     _w4a16_gemv_kernel,
@@ -39,8 +39,6 @@ PACK = 8  # int4 values per int32
 DEQUANT_MIN_M = 256
 # Unpack through exponent bits (_nibbles_to_float); FOLIO_W4A16_MAGIC=0 converts (the A/B switch).
 MAGIC_DEFAULT = int(os.environ.get("FOLIO_W4A16_MAGIC", "1") != "0")
-# The one-token GEMV's split-K sum in groups of this many partials (FOLIO_W4A16_TREE=0: one level).
-TREE_DEFAULT = int(os.environ.get("FOLIO_W4A16_TREE", str(TREE_GROUP)))
 # The one-token GEMV's config keys to change (an A/B switch for whole-model runs), e.g.
 # FOLIO_W4A16_GEMV_CONFIG='{"REDUCE": 1, "BLOCK_K": 64}'; SPLIT_K follows the tile unless given.
 GEMV_OVERRIDES = json.loads(os.environ.get("FOLIO_W4A16_GEMV_CONFIG", "{}"))
@@ -124,19 +122,15 @@ def _sum_splits_kernel(
     total,  # M * N
     SPLIT_K: tl.constexpr,
     BLOCK: tl.constexpr,
-    TREE: tl.constexpr = 0,  # one token: the sum in groups of TREE, the bits of the GEMV's own tree sum
 ):
     """out = sum over splits of the partials, cast once: one pass instead of torch's sum and cast."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < total
-    if TREE > 0 and SPLIT_K > TREE:  # one row: SPLIT_K x N stays far from int32's limit
-        acc = tree_sum_splits(part_ptr + offs, total, mask, SPLIT_K, TREE, BLOCK)
-    else:
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        ptrs = part_ptr + offs  # int64 offsets; stepped by total, never multiplied (no int32 overflow)
-        for _ in range(SPLIT_K):
-            acc += tl.load(ptrs, mask=mask, other=0.0)
-            ptrs += total
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    ptrs = part_ptr + offs  # int64 offsets; stepped by total, never multiplied (no int32 overflow)
+    for _ in range(SPLIT_K):
+        acc += tl.load(ptrs, mask=mask, other=0.0)
+        ptrs += total
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -230,7 +224,6 @@ def w4a16_gemm_triton(
     magic = int(cfg.pop("MAGIC", MAGIC_DEFAULT))  # unpack through exponent bits (_nibbles_to_float); 0: conversions
     step = int(cfg.pop("STEP", STEP_DEFAULT))  # GEMV only: its K step (w4a16_gemv.GEMV_STEPS)
     prefetch = int(cfg.pop("PREFETCH", 1))  # GEMV with STEP 2: words loaded one step ahead
-    tree = int(cfg.pop("TREE", TREE_DEFAULT)) if gemv else 0  # GEMV: the split-K sum in groups of TREE (0: one level)
     if gemv and m != 1:
         raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
     split_k = cfg.pop("SPLIT_K")
@@ -252,10 +245,10 @@ def w4a16_gemm_triton(
         _w4a16_gemv_kernel[(tiles, split_k)](
             x, qweight, scales, zeros_arg, out, n, k, k_per_split,
             x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
-            result, tree_counters(tiles, split_k, tree or split_k, x.device) if reduce else out,
+            result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
             SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, EVEN_N=n % cfg["BLOCK_N"] == 0,
-            TREE=tree, **launch, **pdl_launch(x),
+            **launch, **pdl_launch(x),
         )
         if reduce:
             return result  # [1, N]
@@ -272,8 +265,7 @@ def w4a16_gemm_triton(
         return out[0]  # [M, N]
     result = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block = 1024
-    _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, result, m * n, SPLIT_K=split_k, BLOCK=block, TREE=tree,
-                                                      num_warps=4)
+    _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, result, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
     return result  # [M, N]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from folio.kernels.split_k_sum import last_split_sums, tree_split_sums
+from folio.kernels.split_k_sum import last_split_sums
 from folio.kernels.triton_compat import pdl_wait, tl, triton
 
 
@@ -257,7 +257,6 @@ def _w4a16_gemv_kernel(
     PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead; STEP 3: 2 = two steps ahead
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
     EVEN_N: tl.constexpr = False,  # N % BLOCK_N == 0 (STEP 3: word loads without a mask)
-    TREE: tl.constexpr = 0,  # REDUCE with SPLIT_K > TREE: split_k_sum.tree_split_sums in groups of TREE
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -301,10 +300,7 @@ def _w4a16_gemv_kernel(
         acc = tl.sum(acc_rows, axis=0)  # [BLOCK_N]
     tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
     if REDUCE:
-        if TREE > 0 and SPLIT_K > TREE:
-            tree_split_sums(c_ptr, stride_cs, out_ptr, counter_ptr, pid_n, pid_k, rn, n_ok, BLOCK_N, SPLIT_K, TREE)
-        else:
-            last_split_sums(c_ptr, stride_cs, out_ptr, counter_ptr, c_ptr, pid_n, rn, n_ok, False, BLOCK_N, SPLIT_K)
+        last_split_sums(c_ptr, stride_cs, out_ptr, counter_ptr, c_ptr, pid_n, rn, n_ok, False, BLOCK_N, SPLIT_K)
 
 
 # The GEMV's K-step kernels by name (FOLIO_W4A16_GEMV_STEP picks one; the config key STEP).
