@@ -73,15 +73,9 @@ def _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _gemv_denormal_step(packed, acts, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_K / 8, BLOCK_N] float32 like _gemv_flat_step, two instructions per weight: an AND
-    keeps nibble j where it lies in the word, and the bits read as a float32 with a zero exponent
-    field, a denormal equal to q * 2^(p - 149) exactly (p: the nibble's lowest bit, at most 19, so
-    the field stays zero); one FMA multiplies it by a_j 2^(S - p) (S = DENORMAL_SHIFT, the power
-    chosen per nibble once per word row, not per weight), so every product is a_j q 2^(S - 149), a
-    normal float. Nibbles 5..7 (bits 20..31) are read from the word shifted right by 12 (one shift
-    per word). The GPU's FMA takes denormal operands at full rate (Triton does not flush them).
-    packed: the step's words; acts: _denormal_acts; s, z: the group's scale and zero point."""
+def _denormal_products(packed, acts, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """([BLOCK_K / 8, BLOCK_N] float32 2^(S - 149) sum_j a_ij q_ij, [BLOCK_K / 8] sum_j a_ij): a
+    step's nibble products per word row, read as denormals (_gemv_denormal_step says how)."""
     bits = packed.to(tl.uint32, bitcast=True)  # [BLOCK_K / 8, BLOCK_N] words of K rows k0 .. k0 + BLOCK_K
     high = bits >> 12  # nibbles 3..7 at bits 0..19
     part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # 2^(S - 149) sum_j a_j q_j
@@ -96,6 +90,20 @@ def _gemv_denormal_step(packed, acts, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.c
             f = (high & (0xF << (4 * j - 12))).to(tl.float32, bitcast=True)
             b = a * (2.0 ** (DENORMAL_SHIFT - 4 * j + 12))
         part += f * b[:, None]
+    return part, a_sum
+
+
+@triton.jit
+def _gemv_denormal_step(packed, acts, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_K / 8, BLOCK_N] float32 like _gemv_flat_step, two instructions per weight: an AND
+    keeps nibble j where it lies in the word, and the bits read as a float32 with a zero exponent
+    field, a denormal equal to q * 2^(p - 149) exactly (p: the nibble's lowest bit, at most 19, so
+    the field stays zero); one FMA multiplies it by a_j 2^(S - p) (S = DENORMAL_SHIFT, the power
+    chosen per nibble once per word row, not per weight), so every product is a_j q 2^(S - 149), a
+    normal float. Nibbles 5..7 (bits 20..31) are read from the word shifted right by 12 (one shift
+    per word). The GPU's FMA takes denormal operands at full rate (Triton does not flush them).
+    packed: the step's words; acts: _denormal_acts; s, z: the group's scale and zero point."""
+    part, a_sum = _denormal_products(packed, acts, BLOCK_N, BLOCK_K)
     unscale = s * DENORMAL_UNSCALE
     return part * unscale[None, :] - a_sum[:, None] * (z * s)[None, :]
 
@@ -146,20 +154,7 @@ def _gemv_columns_step(packed, acts, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
     num_warps: 8 columns per thread share each activation, where the [4, 1]-warp tiles share it
     among 4). The rows' sum is then register adds fused into the FMAs, and the scale and zero point
     apply once per column and step, not once per row."""
-    bits = packed.to(tl.uint32, bitcast=True)  # [BLOCK_K / 8, BLOCK_N]
-    high = bits >> 12  # nibbles 3..7 at bits 0..19
-    part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # 2^(S - 149) sum_j a_ij q_ij
-    a_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)
-    for j in tl.static_range(8):  # nibble j of word i is input row k0 + 8i + j
-        a = acts[j].to(tl.float32)
-        a_sum += a
-        if j < 5:
-            f = (bits & (0xF << (4 * j))).to(tl.float32, bitcast=True)
-            b = a * (2.0 ** (DENORMAL_SHIFT - 4 * j))
-        else:
-            f = (high & (0xF << (4 * j - 12))).to(tl.float32, bitcast=True)
-            b = a * (2.0 ** (DENORMAL_SHIFT - 4 * j + 12))
-        part += f * b[:, None]
+    part, a_sum = _denormal_products(packed, acts, BLOCK_N, BLOCK_K)
     return tl.sum(part, axis=0) * (s * DENORMAL_UNSCALE) - tl.sum(a_sum, axis=0) * (z * s)
 
 
