@@ -14,13 +14,15 @@ def test_tiny_quant_cases_check_and_count_bytes():
     labels = [r.case.split(" (")[0] for r in rows]
     one, sixteen = "w4a16 tiny M=1 K=256 N=96", "w4a16 tiny M=16 K=256 N=96"
     variants = ["default", "default no-magic", "default flat step", "default no prefetch", "default second launch",
-                "default k128", "default n64", "default n256", "default split x2", "default split /2"]  # the A/B rows at one token
-    assert labels[:10] == [f"{one} {v}" for v in variants]
-    assert labels[12] == "bf16 tiny M=1 K=256 N=96" and rows[12].case.endswith("(Triton GEMV)")
-    assert labels[13:15] == [f"{sixteen} default", f"{sixteen} default no-magic"]
-    assert [r.case.split()[0] for r in rows] == ["w4a16"] * 10 + ["fp8", "bf16", "bf16"] + ["w4a16"] * 2 + ["fp8", "bf16"]
+                "default k128", "default n64", "default n256", "default split x2", "default split /2",
+                "columns prefetch 2", "denormal n128 k64 w4", "denormal n256 k64 w4"]  # the A/B rows at one token
+    n = len(variants)
+    assert labels[:n] == [f"{one} {v}" for v in variants]
+    assert labels[n + 2] == "bf16 tiny M=1 K=256 N=96" and rows[n + 2].case.endswith("(Triton GEMV)")
+    assert labels[n + 3:n + 5] == [f"{sixteen} default", f"{sixteen} default no-magic"]
+    assert [r.case.split()[0] for r in rows] == ["w4a16"] * n + ["fp8", "bf16", "bf16"] + ["w4a16"] * 2 + ["fp8", "bf16"]
     for r in rows:
         assert r.bytes > 0 and r.flops > 0 and r.median_us > 0
         assert r.max_err < (5e-2 if r.case.startswith("fp8") else 1e-3), r
     w4a16 = rows[0]
-    assert w4a16.bytes < rows[11].bytes / 3  # packed int4 + scales against the float32 weight
+    assert w4a16.bytes < rows[n + 1].bytes / 3  # packed int4 + scales against the float32 weight
