@@ -327,14 +327,17 @@ class AsyncLLM:
     def _on_step(self, message: Stepped) -> None:
         self._stats = message.stats
         self.metrics.record_stats(message.stats)
-        if message.outputs or message.seconds:
-            self.metrics.record_step(message.outputs, message.seconds)
+        # An output of a request aborted since the step (its caller gone) would recreate the
+        # per-request tallies the abort removed, and nothing would remove them again.
+        outputs = [o for o in message.outputs if o.request_id in self._streams]
+        if outputs or message.seconds:
+            self.metrics.record_step(outputs, message.seconds)
         if self.history is not None:
-            self.history.record_step(message.outputs, message.stats.num_computed_tokens)
-        for output in message.outputs:
+            self.history.record_step(outputs, message.stats.num_computed_tokens)
+        for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
-                continue  # abandoned: its abort is on the way
+                continue  # one step's earlier output for this request finished it
             stream.put(output)
             if output.finished:
                 del self._streams[output.request_id]

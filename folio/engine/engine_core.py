@@ -213,10 +213,16 @@ class EngineProcess:
                 deliver(Died(f"The engine process exited (exit code {self.process.exitcode}); restart the server."))
                 return
             if isinstance(message, Stepped):
-                decode = self._wire.decode
-                message = replace(message, outputs=[decode(o) for o in message.outputs])
-                for request_id in message.failed:
-                    self._wire.forget(request_id)
+                try:
+                    decode = self._wire.decode
+                    message = replace(message, outputs=[decode(o) for o in message.outputs])
+                    for request_id in message.failed:
+                        self._wire.forget(request_id)
+                except Exception as e:  # a reader that died silently would leave every request waiting
+                    logger.exception("Could not decode the engine process's step.")
+                    deliver(Died(f"The server could not read the engine's output ({type(e).__name__}: {e}); "
+                                 "restart the server."))
+                    return
             deliver(message)
             if isinstance(message, (Stopped, Died)):
                 return

@@ -36,9 +36,18 @@ STREAMED_RECORD_LEN = 5  # a full record has 6 fields
 
 
 def finished_request_ids(outputs: list[Any]) -> list[str]:
-    """The ids of the finished requests among a step's outputs (RequestOutputs or streamed records)."""
-    return [o[0] if o.__class__ is tuple else o.request_id for o in outputs
-            if (o[3] is not None if o.__class__ is tuple else o.finished)]
+    """The ids of the finished requests among a step's outputs, before encoding: RequestOutputs
+    or streamed records (a full record's fields differ: it is refused, not misread)."""
+    ids = []
+    for o in outputs:
+        if o.__class__ is tuple:
+            if len(o) != STREAMED_RECORD_LEN:
+                raise TypeError("finished_request_ids reads RequestOutputs and streamed records, not full records.")
+            if o[3] is not None:
+                ids.append(o[0])
+        elif o.finished:
+            ids.append(o.request_id)
+    return ids
 
 
 class WireEncoder:
