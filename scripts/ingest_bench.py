@@ -331,6 +331,8 @@ def main() -> None:
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if not 1 <= args.num_requests <= 256:  # the stand-in engine waits for this many W1 requests
+        p.error(f"--num-requests must be 1..256 (W1 has 256 requests), got {args.num_requests}.")
     if args.serve:
         serve_null(args) if args.mode == "null" else serve(args)
     else:

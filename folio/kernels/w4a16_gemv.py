@@ -326,6 +326,8 @@ def columns_split_k(k: int, block_k: int, min_steps: int = 4) -> int:
     """The columns step's split of K: the largest power of two that leaves every program at least
     `min_steps` K steps (session 12's kernel sweep at the 8B's four shapes: the best split of
     each; fewer steps per program lose to the split-K sum, fewer programs to the DRAM latency)."""
+    if min_steps < 1:
+        raise ValueError(f"w4a16 GEMV: MIN_STEPS must be at least 1, got {min_steps}.")
     split_k = 1
     while k // (block_k * split_k * 2) >= min_steps:
         split_k *= 2

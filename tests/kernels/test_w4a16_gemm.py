@@ -191,3 +191,24 @@ def test_reduce_in_kernel_under_graph_replays(warps, split_k):
     assert all(torch.equal(g, want) for g in got)
     assert int(split_k_sum._COUNTERS[x.device].sum()) == 0
 
+
+
+def test_columns_split_refuses_a_minimum_below_one_step():
+    from folio.kernels.w4a16_gemv import columns_split_k
+
+    assert columns_split_k(4096, 32) == 32 and columns_split_k(14336, 32) == 64
+    with pytest.raises(ValueError, match="MIN_STEPS"):
+        columns_split_k(4096, 32, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [3000, 151936])
+def test_default_one_token_config_full_size_with_a_ragged_last_tile(n):
+    """The shipped one-token config (columns step, its own split rule) where N is not a multiple
+    of its 256-column tile (a TP shard, a vocabulary)."""
+    gen = torch.Generator().manual_seed(n)
+    qweight, scales, zeros, _ = _random_int4(1024, n, 128, True, gen, "cuda")
+    x = torch.randn(1, 1024, generator=gen).to("cuda", torch.bfloat16)
+    expected = w4a16_reference(x.float(), qweight, scales, zeros, 128)
+    out = w4a16_gemm_triton(x, qweight, scales, zeros, 128)
+    torch.testing.assert_close(out.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=2e-2)
