@@ -131,21 +131,7 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
             cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
                        SPLIT_K=gemv_split_k(n, k, block_n, block_k, _sms(device)))
             configs.append((f"gemv n{block_n} k{block_k} w{warps} magic", cfg))
-    # A batch-1 decode streams each layer's weights from DRAM once per token; repeated launches on
-    # one weight read it from L2 instead (50 MB on an H100: all of these but gate/up fit). So at one
-    # token the timed launches rotate over copies that together exceed twice the L2. (The bf16 and
-    # FP8 rows of _fp8_rows do not rotate yet: their one-token figures are L2-warm.)
-    copies = [(qweight, scales)]
-    if m == 1 and device.type == "cuda":
-        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
-        per_copy = qweight.numel() * 4 + scales.numel() * 4
-        copies += [(qweight.clone(), scales.clone()) for _ in range(-(-2 * l2 // per_copy))]
-    turn = [0]
-
-    def weights():
-        turn[0] = (turn[0] + 1) % len(copies)
-        return copies[turn[0]]
-
+    weights = _rotating((qweight, scales), m, device)
     rows = []
     for label, cfg in configs:
         def run(cfg=cfg):
@@ -160,6 +146,25 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
     return rows
 
 
+def _rotating(weights: tuple[torch.Tensor, ...], m: int, device) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """A callable giving the weights for the next timed launch. A batch-1 decode streams each
+    layer's weights from DRAM once per token; repeated launches on one weight read it from L2
+    instead (50 MB on an H100: most of the 8B's one-token GEMMs fit). So at one token the launches
+    rotate over copies that together exceed twice the L2."""
+    copies = [weights]
+    if m == 1 and device.type == "cuda":
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+        per_copy = sum(t.numel() * t.element_size() for t in weights)
+        copies += [tuple(t.clone() for t in weights) for _ in range(-(-2 * l2 // per_copy))]
+    turn = [0]
+
+    def following() -> tuple[torch.Tensor, ...]:
+        turn[0] = (turn[0] + 1) % len(copies)
+        return copies[turn[0]]
+
+    return following
+
+
 def _fp8_rows(name, x, n, device, ceilings, gen, row) -> list:
     m, k = x.shape
     w = (torch.randn(n, k, generator=gen) * 0.02).to(device=device, dtype=x.dtype)
@@ -168,17 +173,23 @@ def _fp8_rows(name, x, n, device, ceilings, gen, row) -> list:
     act = 2 * x.numel() * x.element_size() + m * n * x.element_size()
     flops = 2 * m * n * k
 
+    fp8_weights, bf16_weights = _rotating((w_q, w_scale), m, device), _rotating((w,), m, device)
+
     def run_fp8():
-        return fp8_linear(x, w_q, w_scale, None, None)
+        q, scale = fp8_weights()
+        return fp8_linear(x, q, scale, None, None)
 
     def check_fp8():
         return ((run_fp8().float() - want).abs().max() / want.abs().max().clamp(min=1e-6)).item()
 
     def run_bf16():
-        return F.linear(x, w)
+        return F.linear(x, *bf16_weights())
+
+    def run_gemv():
+        return gemv(x, *bf16_weights())
 
     def check_gemv():
-        return ((gemv(x, w).float() - run_bf16().float()).abs().max() / run_bf16().float().abs().max()).item()
+        return ((run_gemv().float() - run_bf16().float()).abs().max() / run_bf16().float().abs().max()).item()
 
     rows = [
         row(f"fp8 {name} M={m} K={k} N={n} (per-token activations)", run_fp8, check_fp8,
@@ -187,7 +198,7 @@ def _fp8_rows(name, x, n, device, ceilings, gen, row) -> list:
             w.numel() * w.element_size() + act, flops, device, ceilings),
     ]
     if m == 1:  # the Triton GEMV that one-row unquantized layers take on CUDA (folio/kernels/gemv.py)
-        rows.append(row(f"bf16 {name} M=1 K={k} N={n} (Triton GEMV)", lambda: gemv(x, w), check_gemv,
+        rows.append(row(f"bf16 {name} M=1 K={k} N={n} (Triton GEMV)", run_gemv, check_gemv,
                         w.numel() * w.element_size() + act, flops, device, ceilings))
     return rows
 
