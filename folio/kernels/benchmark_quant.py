@@ -92,7 +92,6 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
         # Session 12: the denormal step's tiles (the default before the columns step) for the A/B,
         # and the columns step (each thread holds every word row of 8 columns) at ~16, 8 and 4
         # warps per SM.
-        configs.append(("columns prefetch 2", {**default, "STEP": 3, "PREFETCH": 2}))
         for block_n in (128, 256):
             configs.append((f"denormal n{block_n} k64 w4", dict(
                 GEMV=1, STEP=2, BLOCK_N=block_n, BLOCK_K=64, REDUCE=1, num_warps=4,

@@ -170,32 +170,22 @@ def _columns_words(qw_ptr, k0, stride_qk, rn, n_ok, EVEN_N: tl.constexpr, BLOCK_
 @triton.jit
 def _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                       EVEN_N: tl.constexpr, PDL: tl.constexpr):
     """[BLOCK_N] float32: _gemv_denormal_loop (words one step ahead, the first before gdc_wait)
-    with _gemv_columns_step. A split holds at least one step (the launcher drops empty ones), so
+    with _gemv_columns_step (session 12: two steps ahead measured slower, 3.12 vs 3.00 ms per
+    INT4 token). A split holds at least one step (the launcher drops empty ones), so
     the prefetch after the last step can re-read that step's rows (an L2 hit) instead of masking;
     with EVEN_N (N a multiple of BLOCK_N) the word loads take no mask at all."""
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     last = k_end - BLOCK_K  # loads past the split re-read its last step (an L2 hit): no mask
     packed = _columns_words(qw_ptr, k_start, stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
-    if PREFETCH == 2:  # two steps of words in flight, both issued before the wait
-        second = _columns_words(qw_ptr, tl.minimum(k_start + BLOCK_K, last), stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
-        pdl_wait(PDL)
-        for k0 in range(k_start, k_end, BLOCK_K):
-            following = _columns_words(qw_ptr, tl.minimum(k0 + 2 * BLOCK_K, last), stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
-            s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
-            acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
-            acc += _gemv_columns_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
-            packed = second
-            second = following
-    else:
-        pdl_wait(PDL)
-        for k0 in range(k_start, k_end, BLOCK_K):
-            following = _columns_words(qw_ptr, tl.minimum(k0 + BLOCK_K, last), stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
-            s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
-            acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
-            acc += _gemv_columns_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
-            packed = following
+    pdl_wait(PDL)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        following = _columns_words(qw_ptr, tl.minimum(k0 + BLOCK_K, last), stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
+        s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
+        acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
+        acc += _gemv_columns_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
+        packed = following
     return acc
 
 
@@ -249,7 +239,7 @@ def _w4a16_gemv_kernel(
     REDUCE: tl.constexpr,
     MAGIC: tl.constexpr,
     STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal, 3 columns
-    PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead; STEP 3: 2 = two steps ahead
+    PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
     EVEN_N: tl.constexpr = False,  # N % BLOCK_N == 0 (STEP 3: word loads without a mask)
 ):
@@ -279,7 +269,7 @@ def _w4a16_gemv_kernel(
         pdl_wait(PDL)
     if STEP == 3:
         acc = _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
-                                 rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PREFETCH, PDL)
+                                 rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PDL)
     elif STEP == 2:
         acc_rows = _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
                                        rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH, PDL)
