@@ -190,6 +190,58 @@ def _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, s
 
 
 @triton.jit
+def _preload_step(qw_ptr, s_ptr, z_ptr, k0, k_end, stride_qk, stride_sg, rn, n_ok, GROUP: tl.constexpr,
+                  HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """(words, scale, zero) of the step at K row k0, read from K row min(k0, k_end - BLOCK_K): a
+    step past the split re-reads its last one (an L2 hit), and _gemv_columns_preload drops it."""
+    k_read = tl.minimum(k0, k_end - BLOCK_K)
+    packed = _columns_words(qw_ptr, k_read, stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
+    s, z = _group_scale_zero(s_ptr, z_ptr, k_read // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
+    return packed, s, z
+
+
+@triton.jit
+def _preload_sum(a_ptr, k0, k_end, stride_ak, packed, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N] float32: one preloaded step's _gemv_columns_step, zero for a step past the split."""
+    part = _gemv_columns_step(packed, _denormal_acts(a_ptr, tl.minimum(k0, k_end - BLOCK_K), stride_ak, BLOCK_K),
+                              s, z, BLOCK_N, BLOCK_K)
+    return tl.where(k0 < k_end, part, 0.0)
+
+
+@triton.jit
+def _gemv_columns_preload(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
+                          GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          EVEN_N: tl.constexpr, PRELOAD: tl.constexpr, PDL: tl.constexpr):
+    """[BLOCK_N] float32: _gemv_columns_step over a split of at most PRELOAD (1..4) steps, every
+    step's words, scales and zero points loaded before gdc_wait: the split's weights are in flight
+    at once, and under PDL while the kernel ahead still runs, where _gemv_columns_loop has one
+    step in flight and walks its steps one DRAM round trip each."""
+    w0, s0, z0 = _preload_step(qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_qk, stride_sg, rn, n_ok,
+                               GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N)
+    w1, s1, z1 = w0, s0, z0
+    w2, s2, z2 = w0, s0, z0
+    w3, s3, z3 = w0, s0, z0
+    if PRELOAD > 1:
+        w1, s1, z1 = _preload_step(qw_ptr, s_ptr, z_ptr, k_start + BLOCK_K, k_end, stride_qk, stride_sg, rn, n_ok,
+                                   GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N)
+    if PRELOAD > 2:
+        w2, s2, z2 = _preload_step(qw_ptr, s_ptr, z_ptr, k_start + 2 * BLOCK_K, k_end, stride_qk, stride_sg, rn, n_ok,
+                                   GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N)
+    if PRELOAD > 3:
+        w3, s3, z3 = _preload_step(qw_ptr, s_ptr, z_ptr, k_start + 3 * BLOCK_K, k_end, stride_qk, stride_sg, rn, n_ok,
+                                   GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N)
+    pdl_wait(PDL)
+    acc = _preload_sum(a_ptr, k_start, k_end, stride_ak, w0, s0, z0, BLOCK_N, BLOCK_K)
+    if PRELOAD > 1:
+        acc += _preload_sum(a_ptr, k_start + BLOCK_K, k_end, stride_ak, w1, s1, z1, BLOCK_N, BLOCK_K)
+    if PRELOAD > 2:
+        acc += _preload_sum(a_ptr, k_start + 2 * BLOCK_K, k_end, stride_ak, w2, s2, z2, BLOCK_N, BLOCK_K)
+    if PRELOAD > 3:
+        acc += _preload_sum(a_ptr, k_start + 3 * BLOCK_K, k_end, stride_ak, w3, s3, z3, BLOCK_N, BLOCK_K)
+    return acc
+
+
+@triton.jit
 def _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
                     GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     MAGIC: tl.constexpr):
@@ -242,6 +294,7 @@ def _w4a16_gemv_kernel(
     PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
     EVEN_N: tl.constexpr = False,  # N % BLOCK_N == 0 (STEP 3: word loads without a mask)
+    PRELOAD: tl.constexpr = 0,  # STEP 3: 0 the K loop, 1..4 a split of that many steps all loaded before gdc_wait
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -267,7 +320,10 @@ def _w4a16_gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     if not (STEP == 2 and PREFETCH) and STEP != 3:
         pdl_wait(PDL)
-    if STEP == 3:
+    if STEP == 3 and PRELOAD > 0:
+        acc = _gemv_columns_preload(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
+                                    rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PRELOAD, PDL)
+    elif STEP == 3:
         acc = _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
                                  rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PDL)
     elif STEP == 2:
