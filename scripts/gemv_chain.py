@@ -16,7 +16,8 @@ For each variant it prints, us per GEMV and the DRAM rate:
   beyond streaming.
 Variants: int4 `default` (pick_config), `msN` (columns loop, at least N steps a split), `preP`
 (PRELOAD P: splits of P steps, all loaded before gdc_wait), `prePk64` (steps of 64 K rows),
-`denormal` (session 8's tiles); bf16 `gemv` (folio/kernels/gemv.py), `gemv-kB` (BLOCK_K B), `gemv-1sB` (splits of one
+`denormal` (session 8's tiles), `c<N>k<K>w<warps>m<min steps>[e][s]` (columns tiles;
+e: words evict-first, s: scales one step ahead); bf16 `gemv` (folio/kernels/gemv.py), `gemv-kB` (BLOCK_K B), `gemv-1sB` (splits of one
 step of B rows), `cublas`.
 FOLIO_PDL=0 in the environment turns programmatic dependent launch off for a whole run.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Callable
 
@@ -52,6 +54,14 @@ def int4_config(variant: str, k: int, n: int) -> dict | None:
     if variant == "default":
         return None
     columns = {"GEMV": 1, "STEP": 3, "BLOCK_N": 256, "BLOCK_K": 32, "REDUCE": 1, "num_warps": 1}
+    if variant.startswith("c"):  # c<BLOCK_N>k<BLOCK_K>w<warps>m<MIN_STEPS>[e][s]: the columns loop, tiles given
+        m = re.fullmatch(r"c(\d+)k(\d+)w(\d+)m(\d+)(e?)(s?)", variant)
+        if m is None:
+            raise SystemExit(f"bad columns variant {variant!r}")
+        block_n, block_k, warps, min_steps = (int(v) for v in m.groups()[:4])
+        return {**columns, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps,
+                "SPLIT_K": columns_split_k(k, block_k, min_steps), "EVICT": int(bool(m.group(5))),
+                "SCALES_AHEAD": int(bool(m.group(6)))}
     if variant.startswith("ms"):
         return {**columns, "SPLIT_K": columns_split_k(k, 32, int(variant[2:]))}
     if variant.startswith("pre"):

@@ -226,6 +226,8 @@ def w4a16_gemm_triton(
     magic = int(cfg.pop("MAGIC", MAGIC_DEFAULT))  # unpack through exponent bits (_nibbles_to_float); 0: conversions
     step = int(cfg.pop("STEP", STEP_DEFAULT))  # GEMV only: its K step (w4a16_gemv.GEMV_STEPS)
     prefetch = int(cfg.pop("PREFETCH", 1))  # GEMV with STEP 2: words loaded one step ahead
+    evict = int(cfg.pop("EVICT", 0))  # GEMV with STEP 3: weight words evict-first in L2
+    scales_ahead = int(cfg.pop("SCALES_AHEAD", 0))  # GEMV with STEP 3: scales one step ahead
     preload = int(cfg.pop("PRELOAD", 0))  # GEMV with STEP 3: splits of this many steps, all loaded before gdc_wait
     if preload and not (1 <= preload <= 4 and gemv and step == GEMV_STEPS["columns"]):
         raise ValueError(f"w4a16: PRELOAD={preload} needs the one-token GEMV's columns step and 1..4 steps.")
@@ -257,7 +259,7 @@ def w4a16_gemm_triton(
             result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
             SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, EVEN_N=n % cfg["BLOCK_N"] == 0,
-            PRELOAD=preload,
+            PRELOAD=preload, EVICT=evict, SCALES_AHEAD=scales_ahead,
             **launch, **pdl_launch(x),
         )
         if reduce:

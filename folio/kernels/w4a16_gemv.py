@@ -159,9 +159,15 @@ def _gemv_columns_step(packed, acts, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
 
 
 @triton.jit
-def _columns_words(qw_ptr, k0, stride_qk, rn, n_ok, EVEN_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_K / 8, BLOCK_N] int32: the words of K rows k0 .. k0 + BLOCK_K (rows in range)."""
+def _columns_words(qw_ptr, k0, stride_qk, rn, n_ok, EVEN_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   EVICT: tl.constexpr = 0):
+    """[BLOCK_K / 8, BLOCK_N] int32: the words of K rows k0 .. k0 + BLOCK_K (rows in range).
+    EVICT: marked evict-first in L2 (read once per token; leave L2 to activations and partials)."""
     ptrs = qw_ptr + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[:, None] * stride_qk + rn[None, :]
+    if EVICT:
+        if EVEN_N:
+            return tl.load(ptrs, eviction_policy="evict_first")
+        return tl.load(ptrs, mask=n_ok[None, :], other=0, eviction_policy="evict_first")
     if EVEN_N:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=n_ok[None, :], other=0)
@@ -170,7 +176,8 @@ def _columns_words(qw_ptr, k0, stride_qk, rn, n_ok, EVEN_N: tl.constexpr, BLOCK_
 @triton.jit
 def _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       EVEN_N: tl.constexpr, PDL: tl.constexpr):
+                       EVEN_N: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr = 0,
+                       SCALES_AHEAD: tl.constexpr = 0):
     """[BLOCK_N] float32: _gemv_denormal_loop (words one step ahead, the first before gdc_wait)
     with _gemv_columns_step (session 12: two steps ahead measured slower, 3.12 vs 3.00 ms per
     INT4 token). A split holds at least one step (the launcher drops empty ones), so
@@ -178,14 +185,22 @@ def _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, s
     with EVEN_N (N a multiple of BLOCK_N) the word loads take no mask at all."""
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     last = k_end - BLOCK_K  # loads past the split re-read its last step (an L2 hit): no mask
-    packed = _columns_words(qw_ptr, k_start, stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
+    packed = _columns_words(qw_ptr, k_start, stride_qk, rn, n_ok, EVEN_N, BLOCK_K, EVICT)
+    if SCALES_AHEAD:  # the first step's scale and zero point before gdc_wait too, each step's one step ahead
+        s, z = _group_scale_zero(s_ptr, z_ptr, k_start // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
     pdl_wait(PDL)
     for k0 in range(k_start, k_end, BLOCK_K):
-        following = _columns_words(qw_ptr, tl.minimum(k0 + BLOCK_K, last), stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
-        s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
+        k1 = tl.minimum(k0 + BLOCK_K, last)
+        following = _columns_words(qw_ptr, k1, stride_qk, rn, n_ok, EVEN_N, BLOCK_K, EVICT)
+        if SCALES_AHEAD:
+            s1, z1 = _group_scale_zero(s_ptr, z_ptr, k1 // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
+        else:
+            s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
         acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
         acc += _gemv_columns_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
         packed = following
+        if SCALES_AHEAD:
+            s, z = s1, z1
     return acc
 
 
@@ -295,6 +310,8 @@ def _w4a16_gemv_kernel(
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
     EVEN_N: tl.constexpr = False,  # N % BLOCK_N == 0 (STEP 3: word loads without a mask)
     PRELOAD: tl.constexpr = 0,  # STEP 3: 0 the K loop, 1..4 a split of that many steps all loaded before gdc_wait
+    EVICT: tl.constexpr = 0,  # STEP 3: weight words loaded evict-first
+    SCALES_AHEAD: tl.constexpr = 0,  # STEP 3: scales and zero points one step ahead, the first before gdc_wait
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -325,7 +342,7 @@ def _w4a16_gemv_kernel(
                                     rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PRELOAD, PDL)
     elif STEP == 3:
         acc = _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
-                                 rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PDL)
+                                 rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PDL, EVICT, SCALES_AHEAD)
     elif STEP == 2:
         acc_rows = _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
                                        rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH, PDL)

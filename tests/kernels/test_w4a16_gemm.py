@@ -102,6 +102,22 @@ def test_preloaded_columns_gemv_matches_dequantize_then_matmul(device, k, group,
         torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize(("evict", "scales_ahead"), [(1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize(("k", "group", "block_n", "block_k", "split_k"), [(256, 32, 32, 32, 2), (384, 128, 64, 16, 3)])
+def test_columns_loop_switches_keep_the_result(device, evict, scales_ahead, k, group, block_n, block_k, split_k):
+    """The columns loop with its words evict-first and its scales one step ahead (the first before
+    gdc_wait): the same sums, across groups, with a short last split."""
+    gen = torch.Generator().manual_seed(k + 10 * evict + scales_ahead)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    qweight, scales, zeros, _ = _random_int4(k, 45, group, True, gen, device)
+    x = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
+    cfg = dict(GEMV=1, STEP=3, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, REDUCE=1, num_warps=1, EVICT=evict,
+               SCALES_AHEAD=scales_ahead)
+    expected = w4a16_reference(x, qweight, scales, zeros, group)
+    out = w4a16_gemm_triton(x, qweight, scales, zeros, group, config=cfg)
+    torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=1e-2)
+
+
 def test_preload_is_refused_where_it_cannot_cover_k(device):
     gen = torch.Generator().manual_seed(3)
     qweight, scales, zeros, _ = _random_int4(512, 16, 128, False, gen, device)
