@@ -31,6 +31,8 @@ BLOCK_N, BLOCK_K, NUM_WARPS = 32, 128, 4
 # FOLIO_GEMV_STEP_K=B (an A/B switch for whole-model runs): splits of one B-row step each, all of a
 # split's weights loaded before gdc_wait, instead of gemv_split_k's split of BLOCK_K steps.
 STEP_K = int(os.environ.get("FOLIO_GEMV_STEP_K", "0"))
+# FOLIO_GEMV_EVICT=1 (an A/B switch): weights loaded evict-first in L2.
+EVICT = os.environ.get("FOLIO_GEMV_EVICT", "0") == "1"
 
 
 @triton.jit
@@ -51,6 +53,7 @@ def _gemv_kernel(
     SPLIT_K: tl.constexpr,
     PDL: tl.constexpr,
     ONE_STEP: tl.constexpr = False,  # k_per_split == BLOCK_K
+    EVICTION: tl.constexpr = "",  # the weight loads' L2 policy ("evict_first": read once per token)
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -60,7 +63,8 @@ def _gemv_kernel(
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
-    w = tl.load(rows + (k_start + rk)[None, :], mask=n_ok[:, None] & (k_start + rk < k_end)[None, :], other=0.0)
+    w = tl.load(rows + (k_start + rk)[None, :], mask=n_ok[:, None] & (k_start + rk < k_end)[None, :], other=0.0,
+                eviction_policy=EVICTION)
     pdl_wait(PDL)  # only weights above this line
     if ONE_STEP:  # the split is one step, all loaded above: no loop, no prefetch past the split
         a = tl.load(x_ptr + k_start + rk, mask=k_start + rk < k_end, other=0.0).to(tl.float32)
@@ -69,7 +73,8 @@ def _gemv_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(k_start, k_end, BLOCK_K):
             k1 = k0 + BLOCK_K
-            following = tl.load(rows + (k1 + rk)[None, :], mask=n_ok[:, None] & (k1 + rk < k_end)[None, :], other=0.0)
+            following = tl.load(rows + (k1 + rk)[None, :], mask=n_ok[:, None] & (k1 + rk < k_end)[None, :], other=0.0,
+                                eviction_policy=EVICTION)
             a = tl.load(x_ptr + k0 + rk, mask=k0 + rk < k_end, other=0.0).to(tl.float32)  # [BLOCK_K]
             acc += w.to(tl.float32) * a[None, :]
             w = following
@@ -125,6 +130,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _gemv_kernel[(tiles, split_k)](
         x, weight, bias if bias is not None else weight, parts, out, counters, n, k, k_per_split, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, ONE_STEP=k_per_split == block_k,
+        EVICTION="evict_first" if EVICT else "",
         num_warps=NUM_WARPS, **pdl_launch(x),
     )
     return out
