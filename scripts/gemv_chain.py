@@ -4,7 +4,7 @@ A kernel bench times one GEMV by itself; in a decode each GEMV follows another k
 graph (under PDL, overlapping it), and what a token pays per GEMV beyond its bytes (ramp, tail,
 the split-K sum, the wait for the kernel ahead) is what this script measures (issues 11, 13):
 
-    python3 scripts/gemv_chain.py --model 8b --kind int4 --variants default,pre4
+    python3 scripts/gemv_chain.py --model 8b --kind int4 --variants default,ms2,c256k32w1m4n
     python3 scripts/gemv_chain.py --model 0.6b --kind bf16 --variants gemv,cublas
 
 For each variant it prints, us per GEMV and the DRAM rate:
@@ -12,13 +12,12 @@ For each variant it prints, us per GEMV and the DRAM rate:
   attention: O reads the first rows of QKV's output), weights distinct per layer, so every
   GEMV streams its weights from DRAM as in a decode;
 - one row per shape: the same GEMV `--layers` times in a row (distinct weights, one input), and
-  `fixed`: that time minus the bytes at the DRAM peak (3.35 TB/s on an H100 SXM) is each GEMV's cost
-  beyond streaming.
-Variants: int4 `default` (pick_config), `msN` (columns loop, at least N steps a split), `preP`
-(PRELOAD P: splits of P steps, all loaded before gdc_wait), `prePk64` (steps of 64 K rows),
-`denormal` (session 8's tiles), `c<N>k<K>w<warps>m<min steps>[e][s]` (columns tiles;
-e: words evict-first, s: scales one step ahead); bf16 `gemv` (folio/kernels/gemv.py), `gemv-kB` (BLOCK_K B), `gemv-1sB` (splits of one
-step of B rows), `cublas`.
+  `fixed`: that time minus the bytes at the DRAM peak (3.35 TB/s on an H100 SXM) is each GEMV's
+  cost beyond streaming.
+Variants: int4 `default` (pick_config), `msN` (columns loop, at least N steps a split),
+`denormal` (session 8's tiles), `c<N>k<K>w<warps>m<min steps>[n]` (columns tiles; n: words with
+Triton's default L2 policy, not evict-first); bf16 `gemv` (folio/kernels/gemv.py), `gemv-kB`
+(BLOCK_K B), `cublas`. FOLIO_GEMV_EVICT=0 turns the bf16 GEMV's evict-first loads off.
 FOLIO_PDL=0 in the environment turns programmatic dependent launch off for a whole run.
 """
 
@@ -54,19 +53,15 @@ def int4_config(variant: str, k: int, n: int) -> dict | None:
     if variant == "default":
         return None
     columns = {"GEMV": 1, "STEP": 3, "BLOCK_N": 256, "BLOCK_K": 32, "REDUCE": 1, "num_warps": 1}
-    if variant.startswith("c"):  # c<BLOCK_N>k<BLOCK_K>w<warps>m<MIN_STEPS>[e][s]: the columns loop, tiles given
-        m = re.fullmatch(r"c(\d+)k(\d+)w(\d+)m(\d+)(e?)(s?)", variant)
+    if variant.startswith("c"):  # c<BLOCK_N>k<BLOCK_K>w<warps>m<MIN_STEPS>[n]: the columns loop, tiles given
+        m = re.fullmatch(r"c(\d+)k(\d+)w(\d+)m(\d+)(n?)", variant)
         if m is None:
             raise SystemExit(f"bad columns variant {variant!r}")
         block_n, block_k, warps, min_steps = (int(v) for v in m.groups()[:4])
         return {**columns, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps,
-                "SPLIT_K": columns_split_k(k, block_k, min_steps), "EVICT": int(bool(m.group(5))),
-                "SCALES_AHEAD": int(bool(m.group(6)))}
+                "SPLIT_K": columns_split_k(k, block_k, min_steps), "EVICT": int(not m.group(5))}
     if variant.startswith("ms"):
         return {**columns, "SPLIT_K": columns_split_k(k, 32, int(variant[2:]))}
-    if variant.startswith("pre"):
-        steps, _, block_k = variant[3:].partition("k")
-        return {**columns, "BLOCK_K": int(block_k or 32), "PRELOAD": int(steps)}
     if variant == "denormal":
         cfg = {"GEMV": 1, "STEP": 2, "BLOCK_N": 128, "BLOCK_K": 64, "REDUCE": 1, "num_warps": 4}
         from folio.kernels.w4a16_gemv import gemv_split_k
@@ -92,9 +87,6 @@ def make_linear(kind: str, variant: str, k: int, n: int, gen: torch.Generator) -
         return (lambda x: F.linear(x, weight)), nbytes
     if variant == "gemv":
         return (lambda x: gemv(x, weight)), nbytes
-    if variant.startswith("gemv-1s"):  # splits of one step of B K rows, loaded before gdc_wait
-        block_k = int(variant[7:])
-        return (lambda x: gemv(x, weight, split_k=-(-k // block_k), block_k=block_k)), nbytes
     if variant.startswith("gemv-k"):
         block_k = int(variant[6:])
         return (lambda x: gemv(x, weight, block_k=block_k)), nbytes

@@ -28,11 +28,10 @@ _HALF = (torch.float16, torch.bfloat16)
 # FOLIO_GEMV=0: one-row linear layers stay on cuBLAS (the A/B switch).
 ENABLED = os.environ.get("FOLIO_GEMV", "1") != "0"
 BLOCK_N, BLOCK_K, NUM_WARPS = 32, 128, 4
-# FOLIO_GEMV_STEP_K=B (an A/B switch for whole-model runs): splits of one B-row step each, all of a
-# split's weights loaded before gdc_wait, instead of gemv_split_k's split of BLOCK_K steps.
-STEP_K = int(os.environ.get("FOLIO_GEMV_STEP_K", "0"))
-# FOLIO_GEMV_EVICT=1 (an A/B switch): weights loaded evict-first in L2.
-EVICT = os.environ.get("FOLIO_GEMV_EVICT", "0") == "1"
+# Weights load evict-first in L2: a decode reads each once per token, so they should not push the
+# activations, split-K partials and KV cache out (session 13, batch-1 decode: 8B 6.06 vs 6.15 ms,
+# 0.6B 1.10 vs 1.16). FOLIO_GEMV_EVICT=0 restores Triton's default policy (the A/B switch).
+EVICT = os.environ.get("FOLIO_GEMV_EVICT", "1") != "0"
 
 
 @triton.jit
@@ -52,8 +51,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     PDL: tl.constexpr,
-    ONE_STEP: tl.constexpr = False,  # k_per_split == BLOCK_K
-    EVICTION: tl.constexpr = "",  # the weight loads' L2 policy ("evict_first": read once per token)
+    EVICTION: tl.constexpr = "evict_first",  # the weights' L2 policy ("" Triton's default)
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -66,19 +64,15 @@ def _gemv_kernel(
     w = tl.load(rows + (k_start + rk)[None, :], mask=n_ok[:, None] & (k_start + rk < k_end)[None, :], other=0.0,
                 eviction_policy=EVICTION)
     pdl_wait(PDL)  # only weights above this line
-    if ONE_STEP:  # the split is one step, all loaded above: no loop, no prefetch past the split
-        a = tl.load(x_ptr + k_start + rk, mask=k_start + rk < k_end, other=0.0).to(tl.float32)
-        total = tl.sum(w.to(tl.float32) * a[None, :], axis=1)  # [BLOCK_N]
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(k_start, k_end, BLOCK_K):
-            k1 = k0 + BLOCK_K
-            following = tl.load(rows + (k1 + rk)[None, :], mask=n_ok[:, None] & (k1 + rk < k_end)[None, :], other=0.0,
-                                eviction_policy=EVICTION)
-            a = tl.load(x_ptr + k0 + rk, mask=k0 + rk < k_end, other=0.0).to(tl.float32)  # [BLOCK_K]
-            acc += w.to(tl.float32) * a[None, :]
-            w = following
-        total = tl.sum(acc, axis=1)  # [BLOCK_N]
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k1 = k0 + BLOCK_K
+        following = tl.load(rows + (k1 + rk)[None, :], mask=n_ok[:, None] & (k1 + rk < k_end)[None, :], other=0.0,
+                            eviction_policy=EVICTION)
+        a = tl.load(x_ptr + k0 + rk, mask=k0 + rk < k_end, other=0.0).to(tl.float32)  # [BLOCK_K]
+        acc += w.to(tl.float32) * a[None, :]
+        w = following
+    total = tl.sum(acc, axis=1)  # [BLOCK_N]
     if SPLIT_K == 1:
         if HAS_BIAS:
             total += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
@@ -114,9 +108,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if k == 0:
         return out.zero_() if bias is None else out.copy_(bias[None])
     tiles = triton.cdiv(n, block_n)
-    if split_k is None and STEP_K and block_k == BLOCK_K:
-        block_k = STEP_K
-        split_k = triton.cdiv(k, block_k)
     if split_k is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
         split_k = gemv_split_k(n, triton.cdiv(k, block_k) * block_k, block_n, block_k, sms)
@@ -129,7 +120,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         parts = counters = out
     _gemv_kernel[(tiles, split_k)](
         x, weight, bias if bias is not None else weight, parts, out, counters, n, k, k_per_split, weight.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, ONE_STEP=k_per_split == block_k,
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
         EVICTION="evict_first" if EVICT else "",
         num_warps=NUM_WARPS, **pdl_launch(x),
     )

@@ -182,9 +182,7 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], group_size)
         min_steps = cfg.pop("MIN_STEPS", 4)  # columns: K steps per program at least (an A/B key)
         if "SPLIT_K" not in cfg:
-            if cfg.get("PRELOAD"):  # columns: splits of exactly PRELOAD steps
-                cfg["SPLIT_K"] = triton.cdiv(k, cfg["PRELOAD"] * cfg["BLOCK_K"])
-            elif cfg.get("STEP", STEP_DEFAULT) == GEMV_STEPS["columns"]:
+            if cfg.get("STEP", STEP_DEFAULT) == GEMV_STEPS["columns"]:
                 cfg["SPLIT_K"] = columns_split_k(k, cfg["BLOCK_K"], min_steps)
             else:  # about 16 warps per SM
                 cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms, max(1, 16 // cfg["num_warps"]))
@@ -226,15 +224,9 @@ def w4a16_gemm_triton(
     magic = int(cfg.pop("MAGIC", MAGIC_DEFAULT))  # unpack through exponent bits (_nibbles_to_float); 0: conversions
     step = int(cfg.pop("STEP", STEP_DEFAULT))  # GEMV only: its K step (w4a16_gemv.GEMV_STEPS)
     prefetch = int(cfg.pop("PREFETCH", 1))  # GEMV with STEP 2: words loaded one step ahead
-    evict = int(cfg.pop("EVICT", 0))  # GEMV with STEP 3: weight words evict-first in L2
-    scales_ahead = int(cfg.pop("SCALES_AHEAD", 0))  # GEMV with STEP 3: scales one step ahead
-    preload = int(cfg.pop("PRELOAD", 0))  # GEMV with STEP 3: splits of this many steps, all loaded before gdc_wait
-    if preload and not (1 <= preload <= 4 and gemv and step == GEMV_STEPS["columns"]):
-        raise ValueError(f"w4a16: PRELOAD={preload} needs the one-token GEMV's columns step and 1..4 steps.")
+    evict = int(cfg.pop("EVICT", 1))  # GEMV with STEP 3: words evict-first in L2 (session 13: 2.77-2.92 vs 3.01 ms)
     if gemv and m != 1:
         raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
-    if preload and "SPLIT_K" not in cfg:  # splits of exactly PRELOAD steps
-        cfg["SPLIT_K"] = triton.cdiv(k, preload * cfg["BLOCK_K"])
     split_k = cfg.pop("SPLIT_K")
     num_warps = cfg.pop("num_warps", 4)
     num_stages = cfg.pop("num_stages", None)  # None: Triton's default
@@ -243,8 +235,6 @@ def w4a16_gemm_triton(
     if group_size % block_k:
         raise ValueError(f"w4a16: BLOCK_K={block_k} must divide the group size {group_size}.")
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
-    if preload and k_per_split > preload * block_k:
-        raise ValueError(f"w4a16: PRELOAD={preload} steps of {block_k} cannot cover K={k} in {split_k} splits.")
     split_k = triton.cdiv(k, k_per_split)  # no empty splits (each would launch, sum and store zeros)
     out_dtype = x.dtype if split_k == 1 else torch.float32
     out = torch.empty((split_k, m, n), dtype=out_dtype, device=x.device)
@@ -259,7 +249,7 @@ def w4a16_gemm_triton(
             result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
             SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, EVEN_N=n % cfg["BLOCK_N"] == 0,
-            PRELOAD=preload, EVICT=evict, SCALES_AHEAD=scales_ahead,
+            EVICTION="evict_first" if evict else "",
             **launch, **pdl_launch(x),
         )
         if reduce:

@@ -160,24 +160,20 @@ def _gemv_columns_step(packed, acts, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
 
 @triton.jit
 def _columns_words(qw_ptr, k0, stride_qk, rn, n_ok, EVEN_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   EVICT: tl.constexpr = 0):
+                   EVICTION: tl.constexpr):
     """[BLOCK_K / 8, BLOCK_N] int32: the words of K rows k0 .. k0 + BLOCK_K (rows in range).
-    EVICT: marked evict-first in L2 (read once per token; leave L2 to activations and partials)."""
+    EVICTION: the loads' L2 policy ("evict_first" by default: a decode reads each weight once per
+    token, so they should not push the activations, partials and KV cache out of L2)."""
     ptrs = qw_ptr + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[:, None] * stride_qk + rn[None, :]
-    if EVICT:
-        if EVEN_N:
-            return tl.load(ptrs, eviction_policy="evict_first")
-        return tl.load(ptrs, mask=n_ok[None, :], other=0, eviction_policy="evict_first")
     if EVEN_N:
-        return tl.load(ptrs)
-    return tl.load(ptrs, mask=n_ok[None, :], other=0)
+        return tl.load(ptrs, eviction_policy=EVICTION)
+    return tl.load(ptrs, mask=n_ok[None, :], other=0, eviction_policy=EVICTION)
 
 
 @triton.jit
 def _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
                        GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       EVEN_N: tl.constexpr, PDL: tl.constexpr, EVICT: tl.constexpr = 0,
-                       SCALES_AHEAD: tl.constexpr = 0):
+                       EVEN_N: tl.constexpr, PDL: tl.constexpr, EVICTION: tl.constexpr):
     """[BLOCK_N] float32: _gemv_denormal_loop (words one step ahead, the first before gdc_wait)
     with _gemv_columns_step (session 12: two steps ahead measured slower, 3.12 vs 3.00 ms per
     INT4 token). A split holds at least one step (the launcher drops empty ones), so
@@ -185,74 +181,15 @@ def _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, s
     with EVEN_N (N a multiple of BLOCK_N) the word loads take no mask at all."""
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     last = k_end - BLOCK_K  # loads past the split re-read its last step (an L2 hit): no mask
-    packed = _columns_words(qw_ptr, k_start, stride_qk, rn, n_ok, EVEN_N, BLOCK_K, EVICT)
-    if SCALES_AHEAD:  # the first step's scale and zero point before gdc_wait too, each step's one step ahead
-        s, z = _group_scale_zero(s_ptr, z_ptr, k_start // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
+    packed = _columns_words(qw_ptr, k_start, stride_qk, rn, n_ok, EVEN_N, BLOCK_K, EVICTION)
     pdl_wait(PDL)
     for k0 in range(k_start, k_end, BLOCK_K):
-        k1 = tl.minimum(k0 + BLOCK_K, last)
-        following = _columns_words(qw_ptr, k1, stride_qk, rn, n_ok, EVEN_N, BLOCK_K, EVICT)
-        if SCALES_AHEAD:
-            s1, z1 = _group_scale_zero(s_ptr, z_ptr, k1 // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
-        else:
-            s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
+        following = _columns_words(qw_ptr, tl.minimum(k0 + BLOCK_K, last), stride_qk, rn, n_ok, EVEN_N, BLOCK_K,
+                                   EVICTION)
+        s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
         acts = _denormal_acts(a_ptr, k0, stride_ak, BLOCK_K)
         acc += _gemv_columns_step(packed, acts, s, z, BLOCK_N, BLOCK_K)
         packed = following
-        if SCALES_AHEAD:
-            s, z = s1, z1
-    return acc
-
-
-@triton.jit
-def _preload_step(qw_ptr, s_ptr, z_ptr, k0, k_end, stride_qk, stride_sg, rn, n_ok, GROUP: tl.constexpr,
-                  HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr):
-    """(words, scale, zero) of the step at K row k0, read from K row min(k0, k_end - BLOCK_K): a
-    step past the split re-reads its last one (an L2 hit), and _gemv_columns_preload drops it."""
-    k_read = tl.minimum(k0, k_end - BLOCK_K)
-    packed = _columns_words(qw_ptr, k_read, stride_qk, rn, n_ok, EVEN_N, BLOCK_K)
-    s, z = _group_scale_zero(s_ptr, z_ptr, k_read // GROUP, stride_sg, rn, n_ok | EVEN_N, HAS_ZEROS, BLOCK_N)
-    return packed, s, z
-
-
-@triton.jit
-def _preload_sum(a_ptr, k0, k_end, stride_ak, packed, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_N] float32: one preloaded step's _gemv_columns_step, zero for a step past the split."""
-    part = _gemv_columns_step(packed, _denormal_acts(a_ptr, tl.minimum(k0, k_end - BLOCK_K), stride_ak, BLOCK_K),
-                              s, z, BLOCK_N, BLOCK_K)
-    return tl.where(k0 < k_end, part, 0.0)
-
-
-@triton.jit
-def _gemv_columns_preload(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
-                          GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          EVEN_N: tl.constexpr, PRELOAD: tl.constexpr, PDL: tl.constexpr):
-    """[BLOCK_N] float32: _gemv_columns_step over a split of at most PRELOAD (1..4) steps, every
-    step's words, scales and zero points loaded before gdc_wait: the split's weights are in flight
-    at once, and under PDL while the kernel ahead still runs, where _gemv_columns_loop has one
-    step in flight and walks its steps one DRAM round trip each."""
-    w0, s0, z0 = _preload_step(qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_qk, stride_sg, rn, n_ok,
-                               GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N)
-    w1, s1, z1 = w0, s0, z0
-    w2, s2, z2 = w0, s0, z0
-    w3, s3, z3 = w0, s0, z0
-    if PRELOAD > 1:
-        w1, s1, z1 = _preload_step(qw_ptr, s_ptr, z_ptr, k_start + BLOCK_K, k_end, stride_qk, stride_sg, rn, n_ok,
-                                   GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N)
-    if PRELOAD > 2:
-        w2, s2, z2 = _preload_step(qw_ptr, s_ptr, z_ptr, k_start + 2 * BLOCK_K, k_end, stride_qk, stride_sg, rn, n_ok,
-                                   GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N)
-    if PRELOAD > 3:
-        w3, s3, z3 = _preload_step(qw_ptr, s_ptr, z_ptr, k_start + 3 * BLOCK_K, k_end, stride_qk, stride_sg, rn, n_ok,
-                                   GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N)
-    pdl_wait(PDL)
-    acc = _preload_sum(a_ptr, k_start, k_end, stride_ak, w0, s0, z0, BLOCK_N, BLOCK_K)
-    if PRELOAD > 1:
-        acc += _preload_sum(a_ptr, k_start + BLOCK_K, k_end, stride_ak, w1, s1, z1, BLOCK_N, BLOCK_K)
-    if PRELOAD > 2:
-        acc += _preload_sum(a_ptr, k_start + 2 * BLOCK_K, k_end, stride_ak, w2, s2, z2, BLOCK_N, BLOCK_K)
-    if PRELOAD > 3:
-        acc += _preload_sum(a_ptr, k_start + 3 * BLOCK_K, k_end, stride_ak, w3, s3, z3, BLOCK_N, BLOCK_K)
     return acc
 
 
@@ -309,9 +246,7 @@ def _w4a16_gemv_kernel(
     PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
     EVEN_N: tl.constexpr = False,  # N % BLOCK_N == 0 (STEP 3: word loads without a mask)
-    PRELOAD: tl.constexpr = 0,  # STEP 3: 0 the K loop, 1..4 a split of that many steps all loaded before gdc_wait
-    EVICT: tl.constexpr = 0,  # STEP 3: weight words loaded evict-first
-    SCALES_AHEAD: tl.constexpr = 0,  # STEP 3: scales and zero points one step ahead, the first before gdc_wait
+    EVICTION: tl.constexpr = "evict_first",  # STEP 3: the words' L2 policy ("" Triton's default)
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
@@ -337,12 +272,9 @@ def _w4a16_gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     if not (STEP == 2 and PREFETCH) and STEP != 3:
         pdl_wait(PDL)
-    if STEP == 3 and PRELOAD > 0:
-        acc = _gemv_columns_preload(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
-                                    rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PRELOAD, PDL)
-    elif STEP == 3:
+    if STEP == 3:
         acc = _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
-                                 rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PDL, EVICT, SCALES_AHEAD)
+                                 rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PDL, EVICTION)
     elif STEP == 2:
         acc_rows = _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
                                        rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH, PDL)
