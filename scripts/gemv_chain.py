@@ -17,7 +17,7 @@ For each variant it prints, us per GEMV and the DRAM rate:
 Variants: int4 `default` (pick_config), `msN` (columns loop, at least N steps a split),
 `denormal` (session 8's tiles), `c<N>k<K>w<warps>m<min steps>[n]` (columns tiles; n: words with
 Triton's default L2 policy, not evict-first); bf16 `gemv` (folio/kernels/gemv.py), `gemv-kB`
-(BLOCK_K B), `cublas`. FOLIO_GEMV_EVICT=0 turns the bf16 GEMV's evict-first loads off.
+(BLOCK_K B), `g<N>k<K>w<warps>b<programs per SM>`, `cublas`. FOLIO_GEMV_EVICT=0 turns the bf16 GEMV's evict-first loads off.
 FOLIO_PDL=0 in the environment turns programmatic dependent launch off for a whole run.
 """
 
@@ -87,6 +87,12 @@ def make_linear(kind: str, variant: str, k: int, n: int, gen: torch.Generator) -
         return (lambda x: F.linear(x, weight)), nbytes
     if variant == "gemv":
         return (lambda x: gemv(x, weight)), nbytes
+    if variant.startswith("g") and not variant.startswith("gemv"):  # g<BLOCK_N>k<BLOCK_K>w<warps>b<busy>
+        m = re.fullmatch(r"g(\d+)k(\d+)w(\d+)b(\d+)", variant)
+        if m is None:
+            raise SystemExit(f"bad bf16 GEMV variant {variant!r}")
+        bn, bk, warps, busy = (int(v) for v in m.groups())
+        return (lambda x: gemv(x, weight, block_n=bn, block_k=bk, num_warps=warps, busy=busy)), nbytes
     if variant.startswith("gemv-k"):
         block_k = int(variant[6:])
         return (lambda x: gemv(x, weight, block_k=block_k)), nbytes

@@ -27,7 +27,11 @@ from folio.kernels.w4a16_gemv import gemv_split_k
 _HALF = (torch.float16, torch.bfloat16)
 # FOLIO_GEMV=0: one-row linear layers stay on cuBLAS (the A/B switch).
 ENABLED = os.environ.get("FOLIO_GEMV", "1") != "0"
-BLOCK_N, BLOCK_K, NUM_WARPS = 32, 128, 4
+BLOCK_N, BLOCK_K, NUM_WARPS, BUSY = 32, 128, 4, 4
+# FOLIO_GEMV_TILES="BLOCK_N,BLOCK_K,num_warps,busy" (an A/B switch for whole-model runs): the
+# default tile, and the programs per SM the split aims for (gemv_split_k's `busy`).
+if os.environ.get("FOLIO_GEMV_TILES"):
+    BLOCK_N, BLOCK_K, NUM_WARPS, BUSY = (int(v) for v in os.environ["FOLIO_GEMV_TILES"].split(","))
 # Weights load evict-first in L2: a decode reads each once per token, so they should not push the
 # activations, split-K partials and KV cache out (session 13, batch-1 decode: 8B 6.06 vs 6.15 ms,
 # 0.6B 1.10 vs 1.16). FOLIO_GEMV_EVICT=0 restores Triton's default policy (the A/B switch).
@@ -91,7 +95,8 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         split_k: int | None = None, block_n: int = BLOCK_N, block_k: int = BLOCK_K) -> torch.Tensor:
+         split_k: int | None = None, block_n: int | None = None, block_k: int | None = None,
+         num_warps: int | None = None, busy: int | None = None) -> torch.Tensor:
     """x [1, K] @ weight [N, K]^T (+ bias [N]) -> [1, N] in x's dtype, float32 accumulation."""
     if x.dim() != 2 or x.shape[0] != 1 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"gemv: x must be [1, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}.")
@@ -99,6 +104,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError("gemv: x and weight must be contiguous along K.")
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.stride(0) != 1):
         raise ValueError(f"gemv: bias must be a contiguous [{weight.shape[0]}], got {tuple(bias.shape)}.")
+    block_n, block_k = block_n or BLOCK_N, block_k or BLOCK_K
     tensors = {"x": x, "weight": weight} | ({"bias": bias} if bias is not None else {})
     check_same_device(_gemv_kernel, **tensors)
     n, k = weight.shape
@@ -110,7 +116,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     tiles = triton.cdiv(n, block_n)
     if split_k is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        split_k = gemv_split_k(n, triton.cdiv(k, block_k) * block_k, block_n, block_k, sms)
+        split_k = gemv_split_k(n, triton.cdiv(k, block_k) * block_k, block_n, block_k, sms, busy or BUSY)
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty splits: each one reaches the counter with a partial
     if split_k > 1:
@@ -122,7 +128,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         x, weight, bias if bias is not None else weight, parts, out, counters, n, k, k_per_split, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
         EVICTION="evict_first" if EVICT else "",
-        num_warps=NUM_WARPS, **pdl_launch(x),
+        num_warps=num_warps or NUM_WARPS, **pdl_launch(x),
     )
     return out
 

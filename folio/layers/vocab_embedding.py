@@ -9,13 +9,20 @@ all-gathers them, dropping the padding columns. At tp = 1 both are the plain lay
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from folio.kernels.gemv import gemv, use_gemv
 from folio.layers.checkpoint_slice import as_tensor
 from folio.layers.linear import check_shape
 from folio.parallel import all_gather, all_reduce, get_tp_rank, get_tp_size
+
+# FOLIO_GEMV_LM_HEAD=1: a one-row LM head (batch-1 decode) on the Triton GEMV instead of cuBLAS
+# (an A/B switch while it is measured; docs/perf-notes.md, session 13).
+LM_HEAD_GEMV = os.environ.get("FOLIO_GEMV_LM_HEAD", "0") == "1"
 
 
 class VocabParallelRows(nn.Module):
@@ -80,7 +87,10 @@ class LMHead(VocabParallelRows):
         self.weight = embedding.weight
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden_states, self.weight, self.bias)  # [n, vocab / tp (padded)]
+        if LM_HEAD_GEMV and use_gemv(hidden_states, self.weight):  # one row on CUDA: the Triton GEMV
+            logits = gemv(hidden_states, self.weight, self.bias)
+        else:
+            logits = F.linear(hidden_states, self.weight, self.bias)  # [n, vocab / tp (padded)]
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)[:, : self.num_embeddings]  # [n, vocab]
         return logits.float()
