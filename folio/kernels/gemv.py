@@ -27,7 +27,10 @@ from folio.kernels.w4a16_gemv import gemv_split_k
 _HALF = (torch.float16, torch.bfloat16)
 # FOLIO_GEMV=0: one-row linear layers stay on cuBLAS (the A/B switch).
 ENABLED = os.environ.get("FOLIO_GEMV", "1") != "0"
-BLOCK_N, BLOCK_K, NUM_WARPS, BUSY = 32, 128, 4, 4
+# Session 13 (H100, the 8B's four shapes back to back in a CUDA graph, scripts/gemv_chain.py): 16
+# rows x 256-deep steps 163.3 us a layer, the former 32 x 128 167.8, cuBLAS 169.5; batch-1 decode
+# 5.89 vs 6.03-6.06 ms.
+BLOCK_N, BLOCK_K, NUM_WARPS, BUSY = 16, 256, 4, 4
 # FOLIO_GEMV_TILES="BLOCK_N,BLOCK_K,num_warps,busy" (an A/B switch for whole-model runs): the
 # default tile, and the programs per SM the split aims for (gemv_split_k's `busy`).
 if os.environ.get("FOLIO_GEMV_TILES"):
