@@ -164,7 +164,10 @@ def _plain_message(message: Any) -> dict[str, Any]:
     plain = {str(k): _plain(v) for k, v in message.items()}
     if "content" in plain:
         plain["content"] = _flatten_content(plain["content"])
-    for call in plain.get("tool_calls") or []:
+    calls = plain.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise ChatTemplateError(f"A message's 'tool_calls' must be a list of tool calls, got {calls!r}.")
+    for call in calls or []:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict) and isinstance(function.get("arguments"), str):
             try:

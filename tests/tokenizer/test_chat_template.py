@@ -100,6 +100,14 @@ def test_tool_call_arguments_sent_as_json_text_reach_the_template_as_objects():
     assert isinstance(call["function"]["arguments"], str)  # the caller's message is untouched
 
 
+@pytest.mark.parametrize("calls", [60, "weather()", {"function": {"name": "weather"}}])
+def test_tool_calls_that_are_not_a_list_are_refused_by_name(calls):
+    """The server's fuzz test found `"tool_calls": 60` raising a TypeError (a 500)."""
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": calls}]
+    with pytest.raises(ChatTemplateError, match="'tool_calls' must be a list"):
+        render_chat(RICH_TEMPLATE, messages, bos_token="")
+
+
 def test_text_parts_are_flattened_and_other_parts_refused():
     parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
     assert "user\nHello\nthere<|im_end|>" in render_chat(CHATML_TEMPLATE, [{"role": "user", "content": parts}])
