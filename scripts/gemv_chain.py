@@ -139,7 +139,7 @@ def layer_chain(model: str, kind: str, variant: str, layers: int, gen: torch.Gen
         for layer in weights:
             x, residual = rms_norm(h, norm_w, 1e-5, residual)
             qkv = layer["qkv"][0](x)
-            h = layer["o"][0](qkv[:, :o_in].contiguous() if o_in <= qkv.shape[1] else qkv)
+            h = layer["o"][0](qkv[:, :o_in].contiguous())  # O's input is narrower than QKV's output in both models
             x, residual = rms_norm(h, norm_w, 1e-5, residual)
             h = layer["down"][0](silu_and_mul(layer["gate_up"][0](x)))
 

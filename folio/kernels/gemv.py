@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 
 from folio.kernels.triton_compat import check_same_device, pdl_launch, pdl_wait, tl, triton, use_triton_for
 from folio.kernels.split_k_sum import _split_counters, last_split_sums
@@ -95,6 +96,14 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (ENABLED and use_triton_for(x) and x.dim() == 2 and x.shape[0] == 1 and x.dtype in _HALF
             and weight.dtype == x.dtype and weight.dim() == 2 and weight.stride(1) == 1
             and weight.shape[1] % 8 == 0 and x.stride(1) == 1)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear (cuBLAS), except one 16-bit row on CUDA (batch-1 decode): the GEMV. Unquantized
+    linear layers and the LM head both go through here; FOLIO_GEMV=0 keeps cuBLAS for all."""
+    if use_gemv(x, weight):
+        return gemv(x, weight, bias)  # [1, out]
+    return F.linear(x, weight, bias)  # [tokens, out]
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

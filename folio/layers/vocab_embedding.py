@@ -9,20 +9,14 @@ all-gathers them, dropping the padding columns. At tp = 1 both are the plain lay
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from folio.kernels.gemv import gemv, use_gemv
+from folio.kernels.gemv import linear
 from folio.layers.checkpoint_slice import as_tensor
 from folio.layers.linear import check_shape
 from folio.parallel import all_gather, all_reduce, get_tp_rank, get_tp_size
-
-# A one-row LM head (batch-1 decode) runs on the Triton GEMV, not cuBLAS (session 13, H100, the
-# 8B: 5.82 vs 5.89 ms per bf16 token, 2.87 vs 2.92 INT4); FOLIO_GEMV_LM_HEAD=0 is the A/B switch.
-LM_HEAD_GEMV = os.environ.get("FOLIO_GEMV_LM_HEAD", "1") != "0"
 
 
 class VocabParallelRows(nn.Module):
@@ -87,10 +81,9 @@ class LMHead(VocabParallelRows):
         self.weight = embedding.weight
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if LM_HEAD_GEMV and use_gemv(hidden_states, self.weight):  # one row on CUDA: the Triton GEMV
-            logits = gemv(hidden_states, self.weight, self.bias)
-        else:
-            logits = F.linear(hidden_states, self.weight, self.bias)  # [n, vocab / tp (padded)]
+        # [n, vocab / tp (padded)]; one row on CUDA takes the Triton GEMV, as the linear layers do
+        # (session 13, H100, the 8B: 5.82 vs 5.89 ms per bf16 token, 2.87 vs 2.92 INT4).
+        logits = linear(hidden_states, self.weight, self.bias)
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)[:, : self.num_embeddings]  # [n, vocab]
         return logits.float()

@@ -21,10 +21,9 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from folio.kernels.gemv import gemv, use_gemv
+from folio.kernels.gemv import linear
 
 # Fused layers folio builds -> the checkpoint modules they merge (for per-layer configs, which
 # name checkpoint modules, e.g. an `ignore` list naming q_proj).
@@ -118,9 +117,7 @@ class UnquantizedLinearMethod(LinearMethod):
     ) -> torch.Tensor:
         """cuBLAS, except one 16-bit row on CUDA (batch-1 decode): the Triton GEMV
         (folio/kernels/gemv.py; FOLIO_GEMV=0 keeps cuBLAS there too)."""
-        if use_gemv(x, layer.weight):
-            return gemv(x, layer.weight, bias)  # [1, out]
-        return F.linear(x, layer.weight, bias)  # [tokens, out]
+        return linear(x, layer.weight, bias)
 
 
 class QuantizationConfig(ABC):
