@@ -52,7 +52,7 @@ def int4_config(variant: str, k: int, n: int) -> dict | None:
 
     if variant == "default":
         return None
-    columns = {"GEMV": 1, "STEP": 3, "BLOCK_N": 256, "BLOCK_K": 32, "REDUCE": 1, "num_warps": 1}
+    columns = {"GEMV": 1, "STEP": 3, "BLOCK_N": 256, "BLOCK_K": 32, "REDUCE": 0, "num_warps": 1}
     if variant.startswith("c"):  # c<BLOCK_N>k<BLOCK_K>w<warps>m<MIN_STEPS>[n]: the columns loop, tiles given
         m = re.fullmatch(r"c(\d+)k(\d+)w(\d+)m(\d+)(n?)", variant)
         if m is None:

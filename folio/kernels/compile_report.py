@@ -88,9 +88,11 @@ def _allow_cpu_stand_ins() -> None:
 
 def _launch_with_pdl() -> None:
     """Launchers pass PDL as they would on a Hopper GPU (CPU stand-ins otherwise turn it off)."""
-    from folio.kernels import activation, fp8_gemm, fp8_gemm_triton, gemv, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm
+    from folio.kernels import (activation, fp8_gemm, fp8_gemm_triton, gemv, paged_decode, qk_norm_rope, rms_norm,
+                               split_k_sum, w4a16_gemm)
 
-    for module in (activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm, gemv, fp8_gemm, fp8_gemm_triton):
+    for module in (activation, paged_decode, qk_norm_rope, rms_norm, w4a16_gemm, gemv, fp8_gemm, fp8_gemm_triton,
+                   split_k_sum):
         module.pdl_launch = lambda _x: {"PDL": True, "launch_pdl": True}
 
 
@@ -167,11 +169,11 @@ def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor,
         k, n = 4096, 6144
         w4a16_gemm_triton(torch.zeros(1, k, dtype=dtype), torch.zeros(k // 8, n, dtype=torch.int32),
                           torch.zeros(k // 128, n), None, 128)
-        cases.append("w4a16 M=1 4096x6144")
+        cases += ["w4a16 M=1 4096x6144", "its 32 splits' sum"]
         from folio.kernels.gemv import gemv
 
         gemv(torch.zeros(1, k, dtype=dtype), torch.zeros(n, k, dtype=dtype), torch.zeros(n, dtype=dtype))
-        cases.append("gemv 4096x6144 + bias")
+        cases += ["gemv 4096x6144 + bias", "its 2 splits' sum + bias"]
         from folio.kernels.fp8_gemm import quantize_per_token_triton
         from folio.kernels.fp8_gemm_triton import fp8_gemm_triton
 

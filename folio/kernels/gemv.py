@@ -8,8 +8,9 @@ cannot take part in programmatic dependent launch. This kernel is the W4A16 GEMV
   slice of K, walked in BLOCK_K steps; each step's weights load during the step before. Products
   accumulate element-wise in a [BLOCK_N, BLOCK_K] float32 tile, summed over K once at the end.
 - K is split over programs to about four per SM (gemv_split_k's rule); each split stores a float32
-  partial and the last program of a column tile to arrive adds them in split order (a per-tile
-  counter, as the W4A16 GEMV), adds the bias and writes the output: one launch per GEMM.
+  partial, and a second launch under PDL adds them in split order, adds the bias and writes the
+  output (split_k_sum.sum_partials; FOLIO_GEMV_SPLIT_SUM=last: the last program of each column
+  tile does it after a per-tile counter, as before session 14).
 - Under PDL (triton_compat.pdl_launch) the first step's weights load before gdc_wait, while the
   kernel ahead (the norm or activation that writes x) still runs.
 """
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from folio.kernels.triton_compat import check_same_device, pdl_launch, pdl_wait, tl, triton, use_triton_for
-from folio.kernels.split_k_sum import _split_counters, last_split_sums
+from folio.kernels.split_k_sum import _split_counters, last_split_sums, sum_partials
 from folio.kernels.w4a16_gemv import gemv_split_k
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -40,6 +41,12 @@ if os.environ.get("FOLIO_GEMV_TILES"):
 # activations, split-K partials and KV cache out (session 13, batch-1 decode: 8B 6.06 vs 6.15 ms,
 # 0.6B 1.10 vs 1.16). FOLIO_GEMV_EVICT=0 restores Triton's default policy (the A/B switch).
 EVICT = os.environ.get("FOLIO_GEMV_EVICT", "1") != "0"
+# Where a split GEMV's partials are added: "launch", a second kernel under programmatic dependent
+# launch (split_k_sum.sum_partials), or "last", the last program of each column tile after an
+# acq_rel counter (last_split_sums). FOLIO_GEMV_SPLIT_SUM picks one (the A/B switch).
+SPLIT_SUM = os.environ.get("FOLIO_GEMV_SPLIT_SUM", "launch")
+if SPLIT_SUM not in ("launch", "last"):
+    raise ValueError(f"FOLIO_GEMV_SPLIT_SUM={SPLIT_SUM!r}: expected 'launch' or 'last'.")
 
 
 @triton.jit
@@ -60,6 +67,7 @@ def _gemv_kernel(
     SPLIT_K: tl.constexpr,
     PDL: tl.constexpr,
     EVICTION: tl.constexpr = "evict_first",  # the weights' L2 policy ("" Triton's default)
+    REDUCE: tl.constexpr = True,  # SPLIT_K > 1: the last program of a tile adds the partials (else sum_partials)
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -87,7 +95,8 @@ def _gemv_kernel(
         tl.store(out_ptr + rn, total.to(out_ptr.dtype.element_ty), mask=n_ok)
     else:
         tl.store(part_ptr + pid_k * N + rn, total, mask=n_ok)
-        last_split_sums(part_ptr, N, out_ptr, counter_ptr, bias_ptr, pid_n, rn, n_ok, HAS_BIAS, BLOCK_N, SPLIT_K)
+        if REDUCE:
+            last_split_sums(part_ptr, N, out_ptr, counter_ptr, bias_ptr, pid_n, rn, n_ok, HAS_BIAS, BLOCK_N, SPLIT_K)
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -131,17 +140,20 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         split_k = gemv_split_k(n, triton.cdiv(k, block_k) * block_k, block_n, block_k, sms, busy or BUSY)
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty splits: each one reaches the counter with a partial
+    reduce = SPLIT_SUM == "last"
     if split_k > 1:
         parts = torch.empty((split_k, n), dtype=torch.float32, device=x.device)
-        counters = _split_counters(tiles, x.device)
+        counters = _split_counters(tiles, x.device) if reduce else parts
     else:
         parts = counters = out
     _gemv_kernel[(tiles, split_k)](
         x, weight, bias if bias is not None else weight, parts, out, counters, n, k, k_per_split, weight.stride(0),
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-        EVICTION="evict_first" if EVICT else "",
+        EVICTION="evict_first" if EVICT else "", REDUCE=reduce,
         num_warps=num_warps or NUM_WARPS, **pdl_launch(x),
     )
+    if split_k > 1 and not reduce:
+        sum_partials(parts, out, bias)
     return out
 
 

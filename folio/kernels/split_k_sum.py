@@ -1,17 +1,24 @@
-"""The split-K sum inside a GEMV launch: each program stores its float32 partial of a column tile,
-and the last program to arrive (a per-tile counter taken with acq_rel after a barrier) adds them in
-a fixed order, so the bits do not depend on which program ends last. Used by the W4A16 GEMV
-(folio/kernels/w4a16_gemv.py) and the 16-bit one (folio/kernels/gemv.py).
+"""The split-K sum of a one-token GEMV, in fixed split order (the bits do not depend on which
+program ends last): a second launch under PDL (the default) or the GEMV's last program.
 
-(Session 12 measured a two-level sum, groups of 8 partials added as they finish and then the
-groups: 3.12-3.17 vs 3.02 ms per INT4 token with one level, so it was removed.)
+- sum_partials: a second launch under programmatic dependent launch. Its programs start while the
+  GEMV runs and wait at gdc_wait for the partials. The default for both GEMVs since session 14
+  (batch-1 decode on an H100: 8B bf16 5.72 vs 5.85 ms, 8B INT4 2.66 vs 2.87, 0.6B 1.09 vs 1.13).
+- last_split_sums: inside the GEMV launch, the last program of each column tile to arrive (a
+  per-tile counter taken with acq_rel after a barrier) adds them. One launch, but the fence, the
+  counter round trip and the partials' loads sit on the critical path of every GEMV, and cost more
+  than the kernel boundary PDL leaves (FOLIO_GEMV_SPLIT_SUM=last, and the W4A16 config key REDUCE,
+  keep it for A/B runs).
+Used by the W4A16 GEMV (folio/kernels/w4a16_gemv.py) and the 16-bit one (folio/kernels/gemv.py).
+
+(Session 12 measured a two-level in-kernel sum, groups of 8 partials added as they finish and then
+the groups: 3.12-3.17 vs 3.02 ms per INT4 token with one level, so it was removed.)
 """
-
 from __future__ import annotations
 
 import torch
 
-from folio.kernels.triton_compat import tl, triton
+from folio.kernels.triton_compat import pdl_launch, pdl_wait, tl, triton
 
 
 @triton.jit
@@ -51,3 +58,35 @@ def _split_counters(tiles: int, device: torch.device) -> torch.Tensor:
             _RETIRED.append(counters)  # a captured graph may still hold its address
         counters = _COUNTERS[device] = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
     return counters
+
+
+@triton.jit
+def _sum_partials_kernel(part_ptr, out_ptr, bias_ptr, total, stride_part, HAS_BIAS: tl.constexpr,
+                         SPLIT_K: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """out = the SPLIT_K partials added in split order (last_split_sums's order: the same bits),
+    plus the bias, cast once; CHUNK splits' loads in flight at a time. PDL: launched while the
+    GEMV runs, it waits for the partials."""
+    pdl_wait(PDL)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < total
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s0 in range(0, SPLIT_K, CHUNK):
+        for j in tl.static_range(CHUNK):
+            acc += tl.load(part_ptr + (s0 + j) * stride_part + offs, mask=ok & (s0 + j < SPLIT_K), other=0.0,
+                           cache_modifier=".cg")
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def sum_partials(parts: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The split-K sum as a second launch: parts [SPLIT_K, ...] float32 (each split contiguous)
+    -> out (one split's shape, contiguous) = their sum in split order, + bias (out of one row),
+    cast to out's dtype. Under programmatic dependent launch where the device has it: one
+    program per 128 outputs (a thread each), up to 32 splits' loads in flight."""
+    split_k, total = parts.shape[0], out.numel()
+    block = 128
+    _sum_partials_kernel[(triton.cdiv(total, block),)](
+        parts, out, bias if bias is not None else parts, total, parts.stride(0), HAS_BIAS=bias is not None,
+        SPLIT_K=split_k, CHUNK=min(split_k, 32), BLOCK=block, num_warps=4, **pdl_launch(parts))
+    return out

@@ -11,8 +11,9 @@ unpacked with shifts, scaled in float32, rounded to the activation dtype and fed
 with a float32 accumulator. Decode (small M) is bound by reading the weight: split-K gives
 the GPU enough programs to saturate memory bandwidth, each writing a float32 partial that
 _sum_splits_kernel adds up and casts in one pass. One token (M = 1) takes a GEMV kernel
-without tl.dot (which would pad it to 16 rows), with wide tiles (folio/kernels/w4a16_gemv.py). Large M dequantizes once and
-calls cuBLAS (M >= DEQUANT_MIN_M).
+without tl.dot (which would pad it to 16 rows), with wide tiles (folio/kernels/w4a16_gemv.py),
+its partials added by split_k_sum.sum_partials under PDL. Large M dequantizes once and calls
+cuBLAS (M >= DEQUANT_MIN_M).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from folio.kernels.triton_compat import check_same_device, pdl_launch, tl, triton, use_triton_for
-from folio.kernels.split_k_sum import _split_counters
+from folio.kernels.split_k_sum import _split_counters, sum_partials
 from folio.kernels.w4a16_gemv import (  # noqa: F401 (gemv_split_k: re-exported for the benchmark)
     _group_scale_zero,
     _w4a16_gemv_kernel,
@@ -173,7 +174,10 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
         if STEP_DEFAULT == GEMV_STEPS["columns"]:
             # Session 12 (H100, the 8B's shapes): one-warp programs of 256 columns x 32 K rows,
             # K split to the most programs that still walk >= 4 steps each (docs/perf-notes.md).
-            cfg = {"GEMV": 1, "STEP": 3, "BLOCK_N": 256, "BLOCK_K": 32, "REDUCE": 1, "num_warps": 1}
+            # Session 14: the partials added by a second launch under PDL (split_k_sum.sum_partials),
+            # not by each tile's last program after a counter (REDUCE 1, the A/B key): batch-1
+            # decode of the 8B 2.34 vs 2.53-2.57 ms on an H200.
+            cfg = {"GEMV": 1, "STEP": 3, "BLOCK_N": 256, "BLOCK_K": 32, "REDUCE": 0, "num_warps": 1}
         else:
             # Session 8 (batch-1 decode of the 8B): BLOCK_K 64 with the split-K sum in the GEMV
             # 3.27 ms, BLOCK_K 128 with the second launch 3.69.
@@ -266,6 +270,8 @@ def w4a16_gemm_triton(
     if split_k == 1:
         return out[0]  # [M, N]
     result = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if gemv:  # under PDL, as the GEMV launched
+        return sum_partials(out, result)  # [1, N]
     block = 1024
     _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, result, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
     return result  # [M, N]

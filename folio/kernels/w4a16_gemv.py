@@ -3,7 +3,8 @@ kernel (folio/kernels/w4a16_gemm.py, which launches both and documents the weigh
 
 No tl.dot (it would pad M to 16): the activation row's dot product with each unpacked column
 summed in float32 registers, K split over programs until about four per SM (gemv_split_k), the
-split-K partials added by a second launch or, with REDUCE, by each column tile's last program.
+split-K partials added by a second launch under PDL (split_k_sum.sum_partials, the default since
+session 14) or, with REDUCE, by each column tile's last program.
 """
 
 from __future__ import annotations

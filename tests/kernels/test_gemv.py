@@ -33,6 +33,23 @@ def test_gemv_split_sum_is_in_split_order_so_repeats_are_bit_equal(device):
     assert all(torch.equal(first, gemv(x, w, split_k=4, block_n=16, block_k=32)) for _ in range(3))
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_split_sum_by_second_launch_equals_the_last_program_sum(device, monkeypatch, with_bias):
+    """The two places the partials are added (gemv.SPLIT_SUM) add them in the same order: same bits."""
+    from folio.kernels import gemv as gemv_module
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 320, generator=gen).to(device, torch.bfloat16)
+    w = torch.randn(50, 320, generator=gen).to(device, torch.bfloat16)
+    bias = torch.randn(50, generator=gen).to(device, torch.bfloat16) if with_bias else None
+    out = {}
+    for where in ("launch", "last"):
+        monkeypatch.setattr(gemv_module, "SPLIT_SUM", where)
+        out[where] = gemv(x, w, bias, split_k=5, block_n=16, block_k=32)
+    assert torch.equal(out["launch"], out["last"])
+    torch.testing.assert_close(out["launch"], gemv_reference(x, w, bias), atol=0.05, rtol=0.02)
+
+
 def test_gemv_rejects_bad_shapes_and_dispatch_needs_one_cuda_row():
     w = torch.zeros(8, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="x must be"):
