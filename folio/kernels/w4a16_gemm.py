@@ -235,6 +235,8 @@ def w4a16_gemm_triton(
     num_warps = cfg.pop("num_warps", 4)
     num_stages = cfg.pop("num_stages", None)  # None: Triton's default
     launch = dict(num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}))
+    if "maxnreg" in cfg:  # a register cap per thread (an A/B key for the GEMV's occupancy)
+        launch["maxnreg"] = int(cfg.pop("maxnreg"))
     block_k = cfg["BLOCK_K"]
     if group_size % block_k:
         raise ValueError(f"w4a16: BLOCK_K={block_k} must divide the group size {group_size}.")

@@ -77,16 +77,20 @@ def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, s
         torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=1e-2)
 
 
-@pytest.mark.parametrize("evict", [0, 1], ids=["default-policy", "evict-first"])
+@pytest.mark.parametrize(("evict", "maxnreg"), [(0, None), (1, None), (1, 96)],
+                         ids=["default-policy", "evict-first", "evict-first-96-registers"])
 @pytest.mark.parametrize(("k", "group", "block_n", "split_k"), [(256, 32, 32, 2), (384, 128, 64, 3)])
-def test_columns_step_with_either_l2_policy(device, evict, k, group, block_n, split_k):
-    """The columns step's words with Triton's default L2 policy or evict-first (the default):
-    the same sums, across groups, with a short last split and odd N."""
+def test_columns_step_with_either_l2_policy(device, evict, maxnreg, k, group, block_n, split_k):
+    """The columns step's words with Triton's default L2 policy or evict-first (the default), and
+    under a register cap (the A/B key maxnreg): the same sums, across groups, with a short last
+    split and odd N."""
     gen = torch.Generator().manual_seed(k + evict)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     qweight, scales, zeros, _ = _random_int4(k, 45, group, True, gen, device)
     x = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
     cfg = dict(GEMV=1, STEP=3, BLOCK_N=block_n, BLOCK_K=32, SPLIT_K=split_k, REDUCE=1, num_warps=1, EVICT=evict)
+    if maxnreg is not None:
+        cfg.update(maxnreg=maxnreg, REDUCE=0)
     out = w4a16_gemm_triton(x, qweight, scales, zeros, group, config=cfg)
     torch.testing.assert_close(out.float(), w4a16_reference(x, qweight, scales, zeros, group).float(), atol=2e-2, rtol=1e-2)
 
