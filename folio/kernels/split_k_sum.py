@@ -14,6 +14,7 @@ Used by the W4A16 GEMV (folio/kernels/w4a16_gemv.py) and the 16-bit one (folio/k
 (Session 12 measured a two-level in-kernel sum, groups of 8 partials added as they finish and then
 the groups: 3.12-3.17 vs 3.02 ms per INT4 token with one level, so it was removed.)
 """
+
 from __future__ import annotations
 
 import torch
