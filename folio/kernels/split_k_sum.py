@@ -1,9 +1,10 @@
-"""The split-K sum of a one-token GEMV, in fixed split order (the bits do not depend on which
-program ends last): a second launch under PDL (the default) or the GEMV's last program.
+"""The split-K sum of the GEMVs and the W4A16 GEMM, in fixed split order (the bits do not depend
+on which program ends last): a second launch under PDL (the default) or the GEMV's last program.
 
 - sum_partials: a second launch under programmatic dependent launch. Its programs start while the
   GEMV runs and wait at gdc_wait for the partials. The default for both GEMVs since session 14
-  (batch-1 decode on an H100: 8B bf16 5.72 vs 5.85 ms, 8B INT4 2.66 vs 2.87, 0.6B 1.09 vs 1.13).
+  (batch-1 decode on an H100: 8B bf16 5.72 vs 5.85 ms, 8B INT4 2.66 vs 2.87, 0.6B 1.09 vs 1.13),
+  and the W4A16 tiled kernel's sum (M > 1).
 - last_split_sums: inside the GEMV launch, the last program of each column tile to arrive (a
   per-tile counter taken with acq_rel after a barrier) adds them. One launch, but the fence, the
   counter round trip and the partials' loads sit on the critical path of every GEMV, and cost more
@@ -71,10 +72,11 @@ def _sum_partials_kernel(part_ptr, out_ptr, bias_ptr, total, stride_part, HAS_BI
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    chunk = part_ptr + offs  # advanced a chunk at a time: split * stride can pass 2^31 for M > 1
     for s0 in range(0, SPLIT_K, CHUNK):
         for j in tl.static_range(CHUNK):
-            acc += tl.load(part_ptr + (s0 + j) * stride_part + offs, mask=ok & (s0 + j < SPLIT_K), other=0.0,
-                           cache_modifier=".cg")
+            acc += tl.load(chunk + j * stride_part, mask=ok & (s0 + j < SPLIT_K), other=0.0, cache_modifier=".cg")
+        chunk += CHUNK * stride_part
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)

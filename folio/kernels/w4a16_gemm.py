@@ -10,10 +10,9 @@ BLOCK_K steps; BLOCK_K divides G, so each step reads one row of scales/zeros. We
 unpacked with shifts, scaled in float32, rounded to the activation dtype and fed to tl.dot
 with a float32 accumulator. Decode (small M) is bound by reading the weight: split-K gives
 the GPU enough programs to saturate memory bandwidth, each writing a float32 partial that
-_sum_splits_kernel adds up and casts in one pass. One token (M = 1) takes a GEMV kernel
-without tl.dot (which would pad it to 16 rows), with wide tiles (folio/kernels/w4a16_gemv.py),
-its partials added by split_k_sum.sum_partials under PDL. Large M dequantizes once and calls
-cuBLAS (M >= DEQUANT_MIN_M).
+split_k_sum.sum_partials adds up and casts in one pass. One token (M = 1) takes a GEMV kernel
+without tl.dot (which would pad it to 16 rows), with wide tiles (folio/kernels/w4a16_gemv.py).
+Large M dequantizes once and calls cuBLAS (M >= DEQUANT_MIN_M).
 """
 
 from __future__ import annotations
@@ -114,25 +113,6 @@ def _w4a16_kernel(
         acc += tl.dot(a, w, input_precision=DOT_PRECISION)
     c = c_ptr + pid_k * stride_cs + rm[:, None] * stride_cm + rn[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _sum_splits_kernel(
-    part_ptr,  # [SPLIT_K, M * N] float32
-    out_ptr,  # [M * N] the output dtype
-    total,  # M * N
-    SPLIT_K: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """out = sum over splits of the partials, cast once: one pass instead of torch's sum and cast."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < total
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    ptrs = part_ptr + offs  # int64 offsets; stepped by total, never multiplied (no int32 overflow)
-    for _ in range(SPLIT_K):
-        acc += tl.load(ptrs, mask=mask, other=0.0)
-        ptrs += total
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def w4a16_linear(
@@ -271,12 +251,7 @@ def w4a16_gemm_triton(
         )
     if split_k == 1:
         return out[0]  # [M, N]
-    result = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if gemv:  # under PDL, as the GEMV launched
-        return sum_partials(out, result)  # [1, N]
-    block = 1024
-    _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, result, m * n, SPLIT_K=split_k, BLOCK=block, num_warps=4)
-    return result  # [M, N]
+    return sum_partials(out, torch.empty((m, n), dtype=x.dtype, device=x.device))  # [M, N]
 
 
 def unpack_rows(qweight: torch.Tensor) -> torch.Tensor:
