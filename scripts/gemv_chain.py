@@ -15,8 +15,9 @@ For each variant it prints, us per GEMV and the DRAM rate:
   `fixed`: that time minus the bytes at the DRAM peak (3.35 TB/s on an H100 SXM) is each GEMV's
   cost beyond streaming.
 Variants: int4 `default` (pick_config), `msN` (columns loop, at least N steps a split),
-`denormal` (session 8's tiles), `c<N>k<K>w<warps>m<min steps>[n]` (columns tiles; n: words with
-Triton's default L2 policy, not evict-first); bf16 `gemv` (folio/kernels/gemv.py), `gemv-kB`
+`denormal` (session 8's tiles), `c<N>k<K>w<warps>m<min steps>[n][r<regs>]` (columns tiles; n: words
+with Triton's default L2 policy, not evict-first; r: a register cap), `h<N>w<warps>m<min steps>[r<regs>][a]`
+(the chains step, STEP 4; a: activations and scales one step ahead); bf16 `gemv` (folio/kernels/gemv.py), `gemv-kB`
 (BLOCK_K B), `g<N>k<K>w<warps>b<programs per SM>`, `cublas`. FOLIO_GEMV_EVICT=0 turns the bf16 GEMV's evict-first loads off.
 FOLIO_PDL=0 in the environment turns programmatic dependent launch off for a whole run.
 """
@@ -53,13 +54,22 @@ def int4_config(variant: str, k: int, n: int) -> dict | None:
     if variant == "default":
         return None
     columns = {"GEMV": 1, "STEP": 3, "BLOCK_N": 256, "BLOCK_K": 32, "REDUCE": 0, "num_warps": 1}
-    if variant.startswith("c"):  # c<BLOCK_N>k<BLOCK_K>w<warps>m<MIN_STEPS>[n]: the columns loop, tiles given
-        m = re.fullmatch(r"c(\d+)k(\d+)w(\d+)m(\d+)(n?)", variant)
+    if variant.startswith("c"):  # c<BLOCK_N>k<BLOCK_K>w<warps>m<MIN_STEPS>[n][r<regs>]: the columns loop
+        m = re.fullmatch(r"c(\d+)k(\d+)w(\d+)m(\d+)(n?)(?:r(\d+))?", variant)
         if m is None:
             raise SystemExit(f"bad columns variant {variant!r}")
         block_n, block_k, warps, min_steps = (int(v) for v in m.groups()[:4])
+        cap = {"maxnreg": int(m.group(6))} if m.group(6) else {}
         return {**columns, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps,
-                "SPLIT_K": columns_split_k(k, block_k, min_steps), "EVICT": int(not m.group(5))}
+                "SPLIT_K": columns_split_k(k, block_k, min_steps), "EVICT": int(not m.group(5)), **cap}
+    if variant.startswith("h"):  # h<BLOCK_N>w<warps>m<MIN_STEPS>[r<regs>][a]: the chains loop (STEP 4)
+        m = re.fullmatch(r"h(\d+)w(\d+)m(\d+)(?:r(\d+))?(a?)", variant)
+        if m is None:
+            raise SystemExit(f"bad chains variant {variant!r}")
+        block_n, warps, min_steps = (int(v) for v in m.groups()[:3])
+        cap = {"maxnreg": int(m.group(4))} if m.group(4) else {}
+        return {**columns, "STEP": 4, "BLOCK_N": block_n, "num_warps": warps, "AHEAD": int(bool(m.group(5))),
+                "SPLIT_K": columns_split_k(k, 32, min_steps), **cap}
     if variant.startswith("ms"):
         return {**columns, "SPLIT_K": columns_split_k(k, 32, int(variant[2:]))}
     if variant == "denormal":

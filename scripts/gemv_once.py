@@ -3,9 +3,10 @@
     ncu --clock-control none --kernel-name regex:_w4a16_gemv_kernel --launch-skip 2 --launch-count 2 \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats python3 scripts/gemv_once.py
 
-Runs the default (denormal) K steps then the flat ones (STEP=1), 3 launches each, so a profile
-of launches 3 and 4 (0-based 2, 3) sees one warm launch of each. Issue 13: session 8's profile of
-this script found the flat GEMV issue-bound (docs/perf-notes.md).
+Runs the default (chains) K steps then the columns ones (STEP=3, with their 256-column tile),
+3 launches each, so a profile of launches 3 and 4 (0-based 2, 3) sees one warm launch of each.
+Issue 13: session 8's profile of this script found the GEMV of the time issue-bound
+(docs/perf-notes.md).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ def main() -> None:
     scales = (torch.rand(k // group, n, generator=gen) * 0.02 + 0.001).cuda()
     x = torch.randn(1, k, generator=gen).to("cuda", torch.bfloat16)
     default = pick_config(1, n, k, group, torch.cuda.get_device_properties(0).multi_processor_count)
-    for step in (2, 1):
+    columns = {**default, "STEP": 3, "BLOCK_N": 256}
+    for config in (default, columns):
         for _ in range(3):
-            w4a16_gemm_triton(x, qweight, scales, None, group, config={**default, "STEP": step})
+            w4a16_gemm_triton(x, qweight, scales, None, group, config=dict(config))
     torch.cuda.synchronize()
     print("config", default)
 

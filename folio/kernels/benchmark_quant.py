@@ -27,6 +27,7 @@ from folio.kernels.fp8_gemm_triton import fp8_gemm_triton, split_k_for
 from folio.kernels.fp8_gemm_triton import pick_config as fp8_pick_config
 from folio.kernels.gemv import gemv
 from folio.kernels.w4a16_gemm import gemv_split_k, pack_rows, pick_config, w4a16_gemm_triton, w4a16_reference
+from folio.kernels.w4a16_gemv import columns_split_k
 
 # Llama-3.1-8B's four GEMMs per layer (QKV and gate/up merged): (name, K, N)
 LLAMA_8B_GEMMS = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 28672), ("down", 14336, 4096)]
@@ -37,20 +38,51 @@ SWEEP_W4A16 = [
     (64, 64, None, 4, 3), (64, 128, None, 4, 4), (32, 128, None, 4, 4), (128, 128, None, 4, 4),
     (64, 128, 1, 4, 4), (32, 128, 1, 2, 5), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (128, 128, 2, 8, 4),
 ]
-# Candidate GEMV configs for one token: (BLOCK_N, BLOCK_K, SPLIT_K (None: pick_config's), num_warps,
-# num_stages, REDUCE: the split-K sum by each tile's last program instead of a second launch)
+# The denormal GEMV step's configs for one token: (BLOCK_N, BLOCK_K, SPLIT_K (None: gemv_split_k's),
+# num_warps, num_stages, REDUCE: the split-K sum by each tile's last program instead of a second launch)
 SWEEP_GEMV = [
     (64, 128, None, 4, None, 0), (256, 128, None, 8, None, 0), (128, 64, None, 4, None, 0),
     (128, 128, None, 8, None, 0), (128, 128, None, 4, 4, 0), (256, 64, None, 4, None, 0),
     (64, 64, None, 2, None, 0), (128, 128, None, 4, None, 1), (64, 64, None, 2, None, 1),
     (256, 64, None, 4, None, 1), (128, 128, None, 4, 4, 1),
 ]
-# Session 7: the same kernels unpacking with int-to-float conversions (MAGIC=0), the way they did
-# before: (kind, BLOCK_N, BLOCK_K, num_warps) at pick_config's split; default rows use MAGIC=1.
-SWEEP_NO_MAGIC = [("gemv", 128, 128, 4), ("gemv", 64, 64, 2), ("gemv", 256, 128, 8), ("dot", 64, 128, 4)]
+# Session 7: the tiled kernel unpacking with int-to-float conversions (MAGIC=0), the way it did
+# before: (BLOCK_N, BLOCK_K, num_warps) at pick_config's split; default rows use MAGIC=1.
+SWEEP_NO_MAGIC = [(64, 128, 4)]
 # The columns step (STEP 3): (BLOCK_N, BLOCK_K, num_warps), BLOCK_N = 256 x num_warps or wider.
 SWEEP_GEMV_COLUMNS = [(256, 32, 1), (512, 32, 2), (512, 32, 1), (1024, 32, 4), (256, 64, 1)]
-SWEEP_GEMV_MAGIC = [(256, 128, 8), (256, 64, 4), (512, 64, 8), (64, 128, 2), (512, 128, 8), (128, 64, 2)]
+
+
+def _gemv_configs(n: int, k: int, sms: int, sweep: bool) -> list[tuple[str, dict]]:
+    """One token's A/B rows beside the default (the chains step, session 15): its activations
+    loaded in their step, the columns step (session 12-14's default), the denormal step (session
+    8's) with its split, prefetch and tile variants, and with `sweep` the columns and chains
+    tiles and the denormal sweep (SWEEP_GEMV)."""
+    chains = pick_config(1, n, k, GROUP, sms)
+    columns = dict(GEMV=1, STEP=3, BLOCK_N=256, BLOCK_K=32, REDUCE=0, num_warps=1, SPLIT_K=columns_split_k(k, 32))
+    denormal = dict(GEMV=1, STEP=2, BLOCK_N=128, BLOCK_K=64, REDUCE=1, num_warps=4,
+                    SPLIT_K=gemv_split_k(n, k, 128, 64, sms))
+    configs = [("chains in-step loads", {**chains, "AHEAD": 0}), ("columns n256", columns),
+               ("denormal n128 k64 w4", denormal), ("denormal no prefetch", {**denormal, "PREFETCH": 0}),
+               ("denormal second launch", {**denormal, "REDUCE": 0}),
+               ("denormal split x2", {**denormal, "SPLIT_K": denormal["SPLIT_K"] * 2}),
+               ("denormal split /2", {**denormal, "SPLIT_K": max(1, denormal["SPLIT_K"] // 2)})]
+    if not sweep:
+        return configs
+    for block_n in (64, 256):
+        configs.append((f"chains n{block_n}", {**chains, "BLOCK_N": block_n}))
+    for block_n, block_k, warps in SWEEP_GEMV_COLUMNS:
+        for busy in (16, 8, 4):
+            cfg = dict(columns, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+                       SPLIT_K=gemv_split_k(n, k, block_n, block_k, sms, busy // warps))
+            configs.append((f"columns n{block_n} k{block_k} w{warps} {busy} warps/SM", cfg))
+    for block_n, block_k, split_k, warps, stages, reduce in SWEEP_GEMV:
+        cfg = dict(GEMV=1, STEP=2, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, REDUCE=reduce)
+        cfg["SPLIT_K"] = split_k or gemv_split_k(n, k, block_n, block_k, sms)
+        if stages is not None:
+            cfg["num_stages"] = stages
+        configs.append((f"denormal n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}{' reduce' * reduce}", cfg))
+    return configs
 
 
 def quant_cases(device, dtype, ceilings, tiny: bool, sweep: bool, row: Callable, tokens: list[int] | None = None) -> list:
@@ -74,37 +106,11 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
     nbytes = qweight.numel() * 4 + scales.numel() * 4 + 2 * x.numel() * x.element_size() + m * n * x.element_size()
     flops = 2 * m * n * k
     default = pick_config(m, n, k, GROUP, _sms(device))
-    # Same-run A/Bs: the default config with conversions (MAGIC=0; session 7) and, at one token,
-    # the GEMV's earlier K steps (flat: session 7's default, session 8 made denormal the default).
-    configs = [("default", None), ("default no-magic", {**default, "MAGIC": 0, "STEP": 0})]
-    if m == 1:  # session 8: the denormal step's prefetch, BLOCK_K, split-K sum and tile; flat for reference
-        configs.append(("default flat step", {**default, "STEP": 1}))
-        configs.append(("default no prefetch", {**default, "PREFETCH": 0}))
-        configs.append(("default second launch", {**default, "REDUCE": 0}))
-        k128 = {**default, "BLOCK_K": 128, "SPLIT_K": gemv_split_k(n, k, default["BLOCK_N"], 128, _sms(device))}
-        configs.append(("default k128", k128))
-        n64 = {**default, "BLOCK_N": 64, "SPLIT_K": gemv_split_k(n, k, 64, default["BLOCK_K"], _sms(device))}
-        configs.append(("default n64", n64))
-        n256 = {**default, "BLOCK_N": 256, "SPLIT_K": gemv_split_k(n, k, 256, default["BLOCK_K"], _sms(device))}
-        configs.append(("default n256", n256))
-        configs.append(("default split x2", {**default, "SPLIT_K": default["SPLIT_K"] * 2}))
-        configs.append(("default split /2", {**default, "SPLIT_K": max(1, default["SPLIT_K"] // 2)}))
-        # Session 12: the denormal step's tiles (the default before the columns step) for the A/B,
-        # and the columns step (each thread holds every word row of 8 columns) at ~16, 8 and 4
-        # warps per SM.
-        for block_n in (128, 256):
-            configs.append((f"denormal n{block_n} k64 w4", dict(
-                GEMV=1, STEP=2, BLOCK_N=block_n, BLOCK_K=64, REDUCE=1, num_warps=4,
-                SPLIT_K=gemv_split_k(n, k, block_n, 64, _sms(device)))))
-        for block_n, block_k, warps in SWEEP_GEMV_COLUMNS if sweep else ():
-            for busy in (16, 8, 4):
-                cfg = dict(default, STEP=3, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
-                           SPLIT_K=gemv_split_k(n, k, block_n, block_k, _sms(device), busy // warps))
-                configs.append((f"columns n{block_n} k{block_k} w{warps} {busy} warps/SM", cfg))
-        for block_n, warps in ((256, 4), (256, 8), (64, 2), (128, 2), (512, 8)) if sweep else ():
-            cfg = dict(default, BLOCK_N=block_n, num_warps=warps,
-                       SPLIT_K=gemv_split_k(n, k, block_n, default["BLOCK_K"], _sms(device)))
-            configs.append((f"n{block_n} w{warps}", cfg))
+    configs = [("default", None)]
+    if m > 1:  # session 7: the tiled kernel unpacking with conversions (MAGIC=0) for the A/B
+        configs.append(("default no-magic", {**default, "MAGIC": 0}))
+    if m == 1:
+        configs += _gemv_configs(n, k, _sms(device), sweep)
     if sweep:
         for block_n, block_k, split_k, warps, stages in SWEEP_W4A16:
             cfg = dict(pick_config(16, n, k, GROUP, _sms(device)), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
@@ -112,24 +118,10 @@ def _w4a16_rows(name, x, n, device, ceilings, sweep, gen, row) -> list:
             if split_k is not None:
                 cfg["SPLIT_K"] = split_k
             configs.append((f"dot n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}", cfg))
-        for block_n, block_k, split_k, warps, stages, reduce in SWEEP_GEMV if m == 1 else []:
-            cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, REDUCE=reduce)
-            cfg["SPLIT_K"] = split_k or gemv_split_k(n, k, block_n, block_k, _sms(device))
-            if stages is not None:
-                cfg["num_stages"] = stages
-            configs.append((f"gemv n{block_n} k{block_k} s{cfg['SPLIT_K']} w{warps} st{stages}{' reduce' * reduce}", cfg))
-        for kind, block_n, block_k, warps in SWEEP_NO_MAGIC:
-            if kind == "gemv" and m != 1:
-                continue
-            cfg = dict(default if kind == "gemv" else pick_config(16, n, k, GROUP, _sms(device)),
-                       BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, MAGIC=0)
-            if kind == "gemv":
-                cfg["SPLIT_K"] = gemv_split_k(n, k, block_n, block_k, _sms(device))
-            configs.append((f"{kind} n{block_n} k{block_k} w{warps} no-magic", cfg))
-        for block_n, block_k, warps in SWEEP_GEMV_MAGIC if m == 1 else []:
-            cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
-                       SPLIT_K=gemv_split_k(n, k, block_n, block_k, _sms(device)))
-            configs.append((f"gemv n{block_n} k{block_k} w{warps} magic", cfg))
+        for block_n, block_k, warps in SWEEP_NO_MAGIC:
+            cfg = dict(pick_config(16, n, k, GROUP, _sms(device)), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+                       MAGIC=0)
+            configs.append((f"dot n{block_n} k{block_k} w{warps} no-magic", cfg))
     weights = _rotating((qweight, scales), m, device)
     rows = []
     for label, cfg in configs:

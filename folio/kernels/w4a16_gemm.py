@@ -151,7 +151,12 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
     """Tile sizes and split-K: small M splits K until about two programs per SM; one token
     takes the GEMV kernel (GEMV=1) with wide tiles, split until about four programs per SM."""
     if m == 1:
-        if STEP_DEFAULT == GEMV_STEPS["columns"]:
+        if STEP_DEFAULT == GEMV_STEPS["chains"]:
+            # Session 15 (H100, the 8B): one FMA chain per column, one-warp programs of 128
+            # columns (4 a thread) x 32 K rows, activations and scales one step ahead, the
+            # columns step's split: batch-1 decode INT4 2.56 vs 2.66 ms (docs/perf-notes.md).
+            cfg = {"GEMV": 1, "STEP": 4, "BLOCK_N": 128, "BLOCK_K": 32, "REDUCE": 0, "AHEAD": 1, "num_warps": 1}
+        elif STEP_DEFAULT == GEMV_STEPS["columns"]:
             # Session 12 (H100, the 8B's shapes): one-warp programs of 256 columns x 32 K rows,
             # K split to the most programs that still walk >= 4 steps each (docs/perf-notes.md).
             # Session 14: the partials added by a second launch under PDL (split_k_sum.sum_partials),
@@ -166,7 +171,7 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], group_size)
         min_steps = cfg.pop("MIN_STEPS", 4)  # columns: K steps per program at least (an A/B key)
         if "SPLIT_K" not in cfg:
-            if cfg.get("STEP", STEP_DEFAULT) == GEMV_STEPS["columns"]:
+            if cfg.get("STEP", STEP_DEFAULT) in (GEMV_STEPS["columns"], GEMV_STEPS["chains"]):
                 cfg["SPLIT_K"] = columns_split_k(k, cfg["BLOCK_K"], min_steps)
             else:  # about 16 warps per SM
                 cfg["SPLIT_K"] = gemv_split_k(n, k, cfg["BLOCK_N"], cfg["BLOCK_K"], num_sms, max(1, 16 // cfg["num_warps"]))
@@ -208,9 +213,12 @@ def w4a16_gemm_triton(
     magic = int(cfg.pop("MAGIC", MAGIC_DEFAULT))  # unpack through exponent bits (_nibbles_to_float); 0: conversions
     step = int(cfg.pop("STEP", STEP_DEFAULT))  # GEMV only: its K step (w4a16_gemv.GEMV_STEPS)
     prefetch = int(cfg.pop("PREFETCH", 1))  # GEMV with STEP 2: words loaded one step ahead
+    ahead = int(cfg.pop("AHEAD", 1))  # GEMV with STEP 4: activations and scales one K step ahead
     evict = int(cfg.pop("EVICT", 1))  # GEMV with STEP 3: words evict-first in L2 (session 13: 2.77-2.92 vs 3.01 ms)
     if gemv and m != 1:
         raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
+    if gemv and step not in GEMV_STEPS.values():
+        raise ValueError(f"w4a16: GEMV STEP {step} is not one of {GEMV_STEPS}.")
     split_k = cfg.pop("SPLIT_K")
     num_warps = cfg.pop("num_warps", 4)
     num_stages = cfg.pop("num_stages", None)  # None: Triton's default
@@ -234,8 +242,8 @@ def w4a16_gemm_triton(
             x.stride(1), qweight.stride(0), scales.stride(0), out.stride(0),
             result, _split_counters(tiles, x.device) if reduce else out,
             GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-            SPLIT_K=split_k, REDUCE=reduce, MAGIC=magic, STEP=step, PREFETCH=prefetch, EVEN_N=n % cfg["BLOCK_N"] == 0,
-            EVICTION="evict_first" if evict else "",
+            SPLIT_K=split_k, REDUCE=reduce, STEP=step, PREFETCH=prefetch, EVEN_N=n % cfg["BLOCK_N"] == 0,
+            EVICTION="evict_first" if evict else "", AHEAD=ahead,
             **launch, **pdl_launch(x),
         )
         if reduce:

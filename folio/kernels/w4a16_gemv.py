@@ -27,36 +27,6 @@ def _group_scale_zero(s_ptr, z_ptr, group, stride_sg, rn, n_ok, HAS_ZEROS: tl.co
     return s, z
 
 
-@triton.jit
-def _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
-                    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_K / 8, BLOCK_N] float32: word row i's sum over its 8 nibbles of a_k (q_kn - z_n) s_n
-    for K rows k0 .. k0 + BLOCK_K (one quantization group), in the words' own layout.
-
-    Three instructions per weight: a shift puts nibble j at mantissa bits 19..22, one LOP3 masks
-    it and ORs in the exponent of 1.0 (0x3F800000), so the bits read as f = 1 + q/16 exactly, and
-    an FMA adds a_k f. Per word row, sum_j a_j (q_j - z) = 16 sum_j a_j f_j - (16 + z) sum_j a_j:
-    the zero point and the 1.0 come out once per row and column, not per weight."""
-    rk8 = tl.arange(0, BLOCK_K // 8)
-    rows_ok = k0 + rk8 * 8 < k_end
-    packed = tl.load(qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
-                     mask=rows_ok[:, None] & n_ok[None, :], other=0)  # [BLOCK_K / 8, BLOCK_N] int32
-    bits = packed.to(tl.uint32, bitcast=True)  # logical shifts
-    s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-    part = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # sum_j a_j f_j
-    a_sum = tl.zeros((BLOCK_K // 8,), dtype=tl.float32)  # sum_j a_j
-    for j in tl.static_range(8):  # nibble j of word i is input row k0 + 8i + j
-        k = k0 + rk8 * 8 + j
-        a = tl.load(a_ptr + k * stride_ak, mask=k < k_end, other=0.0).to(tl.float32)  # [BLOCK_K / 8]
-        if 4 * j <= 19:
-            moved = bits << (19 - 4 * j)
-        else:
-            moved = bits >> (4 * j - 19)
-        f = ((moved & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)  # 1 + q / 16
-        part += f * a[:, None]
-        a_sum += a
-    return (16.0 * part - (16.0 + z)[None, :] * a_sum[:, None]) * s[None, :]
-
 # _gemv_denormal_step's products are a q 2^(DENORMAL_SHIFT - 149): normal floats for |a q| >= 2^-41
 # (4.5e-13), and a 2^(DENORMAL_SHIFT - p) stays finite for |a| < 2^64 (1.8e19).
 DENORMAL_SHIFT = tl.constexpr(64)
@@ -96,7 +66,7 @@ def _denormal_products(packed, acts, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexp
 
 @triton.jit
 def _gemv_denormal_step(packed, acts, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_K / 8, BLOCK_N] float32 like _gemv_flat_step, two instructions per weight: an AND
+    """[BLOCK_K / 8, BLOCK_N] float32, two instructions per weight: an AND
     keeps nibble j where it lies in the word, and the bits read as a float32 with a zero exponent
     field, a denormal equal to q * 2^(p - 149) exactly (p: the nibble's lowest bit, at most 19, so
     the field stays zero); one FMA multiplies it by a_j 2^(S - p) (S = DENORMAL_SHIFT, the power
@@ -195,29 +165,116 @@ def _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, s
 
 
 @triton.jit
-def _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
-                    GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    MAGIC: tl.constexpr):
-    """[BLOCK_N] float32: the step's sum over K rows k0 .. k0 + BLOCK_K on a [K/8, 8, N] tile."""
-    rk8 = tl.arange(0, BLOCK_K // 8)
-    nib = tl.arange(0, 8)
-    shifts = nib * 4  # nibble j of word i is input row 8i + j
-    ks = k0 + rk8[:, None] * 8 + nib[None, :]  # [BLOCK_K / 8, 8]
-    a = tl.load(a_ptr + ks * stride_ak, mask=ks < k_end, other=0.0).to(tl.float32)  # [BLOCK_K / 8, 8]
-    packed = tl.load(
-        qw_ptr + (k0 // 8 + rk8)[:, None] * stride_qk + rn[None, :],
-        mask=(k0 + rk8 * 8 < k_end)[:, None] & n_ok[None, :],
-        other=0,
-    )  # [BLOCK_K / 8, BLOCK_N] int32
-    nibbles = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [BLOCK_K / 8, 8, BLOCK_N]
+def _act_scaled(a_row, j: tl.constexpr, stride_ak, POW: tl.constexpr, BF16: tl.constexpr):
+    """a_row[j] 2^POW as a float32 scalar (a_row: the activation pointer of a word row's first K
+    row, so j is an immediate offset when the stride is 1). bf16: one integer op, the bf16 bits
+    moved to the top half and POW added to the exponent field (a 0 or denormal gives a float of
+    about 2^(POW - 127), whose products with the nibbles, at most 2^(POW - 127 + 4j - 149) with
+    POW = S - 4j, round to zero; an inf or NaN gives a finite value here, but the zero-point
+    term, summed from the true activations, still carries it to the output)."""
+    a = tl.load(a_row + j * stride_ak)
+    if BF16:
+        bits = a.to(tl.uint16, bitcast=True).to(tl.uint32)
+        return ((bits << 16) + (POW << 23)).to(tl.float32, bitcast=True)
+    return a.to(tl.float32) * (2.0 ** POW)
+
+
+@triton.jit
+def _row_acts(a_row, stride_ak, BF16: tl.constexpr):
+    """The 8 activations of one word row, each scaled for its nibble's denormal reading: a_j
+    2^(S - 4j) for nibbles 0..4 (read in place), a_j 2^(S - 4j + 12) for 5..7 (read from the word
+    shifted right by 12)."""
+    return (_act_scaled(a_row, 0, stride_ak, DENORMAL_SHIFT, BF16),
+            _act_scaled(a_row, 1, stride_ak, DENORMAL_SHIFT - 4, BF16),
+            _act_scaled(a_row, 2, stride_ak, DENORMAL_SHIFT - 8, BF16),
+            _act_scaled(a_row, 3, stride_ak, DENORMAL_SHIFT - 12, BF16),
+            _act_scaled(a_row, 4, stride_ak, DENORMAL_SHIFT - 16, BF16),
+            _act_scaled(a_row, 5, stride_ak, DENORMAL_SHIFT - 8, BF16),
+            _act_scaled(a_row, 6, stride_ak, DENORMAL_SHIFT - 12, BF16),
+            _act_scaled(a_row, 7, stride_ak, DENORMAL_SHIFT - 16, BF16))
+
+
+@triton.jit
+def _chain_word_row(acc, word, acts):
+    """acc [BLOCK_N] + 2^(S - 149) sum_j a_j q_j over the 8 nibbles of one word per column (acts:
+    _row_acts), each product one FMA into the column's chain (_gemv_denormal_step's reading)."""
+    bits = word.to(tl.uint32, bitcast=True)
+    high = bits >> 12  # nibbles 5..7 at bits 8..19
+    for j in tl.static_range(8):
+        if j < 5:
+            f = (bits & (0xF << (4 * j))).to(tl.float32, bitcast=True)
+        else:
+            f = (high & (0xF << (4 * j - 12))).to(tl.float32, bitcast=True)
+        acc += f * acts[j]
+    return acc
+
+
+@triton.jit
+def _chain_words(qw_ptr, k0, stride_qk, rn, n_ok, EVEN_N: tl.constexpr, EVICTION: tl.constexpr):
+    """The 4 word rows ([BLOCK_N] int32 each) of K rows k0 .. k0 + 32 (rows in range)."""
+    base = qw_ptr + (k0 // 8) * stride_qk + rn
+    if EVEN_N:
+        return (tl.load(base, eviction_policy=EVICTION), tl.load(base + stride_qk, eviction_policy=EVICTION),
+                tl.load(base + 2 * stride_qk, eviction_policy=EVICTION),
+                tl.load(base + 3 * stride_qk, eviction_policy=EVICTION))
+    return (tl.load(base, mask=n_ok, other=0, eviction_policy=EVICTION),
+            tl.load(base + stride_qk, mask=n_ok, other=0, eviction_policy=EVICTION),
+            tl.load(base + 2 * stride_qk, mask=n_ok, other=0, eviction_policy=EVICTION),
+            tl.load(base + 3 * stride_qk, mask=n_ok, other=0, eviction_policy=EVICTION))
+
+
+@triton.jit
+def _chain_step_inputs(a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, rn, n_ok, GROUP: tl.constexpr,
+                       HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BF16: tl.constexpr):
+    """What a chains step reads besides its words: the 4 word rows' scaled activations
+    (_row_acts), the step's activation sum for the zero point (one load per lane and a warp sum,
+    not 32 adds per thread), and the group's scale and zero point."""
+    a_step = a_ptr + k0 * stride_ak
+    acts = (_row_acts(a_step, stride_ak, BF16), _row_acts(a_step + 8 * stride_ak, stride_ak, BF16),
+            _row_acts(a_step + 16 * stride_ak, stride_ak, BF16), _row_acts(a_step + 24 * stride_ak, stride_ak, BF16))
+    a_sum = tl.sum(tl.load(a_step + tl.arange(0, BLOCK_K) * stride_ak).to(tl.float32), axis=0)
     s, z = _group_scale_zero(s_ptr, z_ptr, k0 // GROUP, stride_sg, rn, n_ok, HAS_ZEROS, BLOCK_N)
-    if MAGIC:  # 2^23 + q from the exponent bits, minus 2^23 + z: q - z, exact, in one float add
-        w = (nibbles | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + z)[None, None, :]
-        step = s * tl.sum(tl.sum(w * a[:, :, None], axis=1), axis=0)
-    else:
-        dot = tl.sum(tl.sum(nibbles.to(tl.float32) * a[:, :, None], axis=1), axis=0)  # [BLOCK_N]
-        step = s * (dot - z * tl.sum(tl.sum(a, axis=1), axis=0))
-    return step
+    return acts, a_sum, s, z
+
+
+@triton.jit
+def _gemv_chains_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg, rn, n_ok,
+                      GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      EVEN_N: tl.constexpr, PDL: tl.constexpr, EVICTION: tl.constexpr, AHEAD: tl.constexpr):
+    """[BLOCK_N] float32: _gemv_columns_loop with fewer instructions a weight (STEP 4, "chains").
+    The step's 4 word rows are 4 [BLOCK_N] tensors, so each column's 32 products are one FMA
+    chain (no per-row partials to add up); the activations are scalars (every thread loads the
+    same address) scaled by one integer op each for bf16 (_act_scaled). Words one step ahead
+    (session 15: two steps ahead measured slower); AHEAD: the activations, their sum and the
+    scales too, so no load waits inside a step."""
+    tl.static_assert(BLOCK_K == 32, "the chains step walks 32 K rows (4 word rows) a step")
+    BF16: tl.constexpr = a_ptr.dtype.element_ty == tl.bfloat16
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    last = k_end - BLOCK_K  # loads past the split re-read its last step (an L2 hit): no mask
+    w0, w1, w2, w3 = _chain_words(qw_ptr, k_start, stride_qk, rn, n_ok, EVEN_N, EVICTION)
+    pdl_wait(PDL)
+    if AHEAD:
+        acts, a_sum, s, z = _chain_step_inputs(a_ptr, s_ptr, z_ptr, k_start, stride_ak, stride_sg, rn, n_ok | EVEN_N,
+                                               GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, BF16)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        k1 = tl.minimum(k0 + BLOCK_K, last)
+        n0, n1, n2, n3 = _chain_words(qw_ptr, k1, stride_qk, rn, n_ok, EVEN_N, EVICTION)
+        if AHEAD:
+            following = _chain_step_inputs(a_ptr, s_ptr, z_ptr, k1, stride_ak, stride_sg, rn, n_ok | EVEN_N,
+                                           GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, BF16)
+        else:
+            acts, a_sum, s, z = _chain_step_inputs(a_ptr, s_ptr, z_ptr, k0, stride_ak, stride_sg, rn, n_ok | EVEN_N,
+                                                   GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, BF16)
+        chain = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        chain = _chain_word_row(chain, w0, acts[0])
+        chain = _chain_word_row(chain, w1, acts[1])
+        chain = _chain_word_row(chain, w2, acts[2])
+        chain = _chain_word_row(chain, w3, acts[3])
+        acc += s * (chain * DENORMAL_UNSCALE - a_sum * z)
+        w0, w1, w2, w3 = n0, n1, n2, n3
+        if AHEAD:
+            acts, a_sum, s, z = following
+    return acc
 
 
 @triton.jit
@@ -242,52 +299,47 @@ def _w4a16_gemv_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     REDUCE: tl.constexpr,
-    MAGIC: tl.constexpr,
-    STEP: tl.constexpr,  # GEMV_STEPS: 0 the 3-D tiles, 1 flat, 2 denormal, 3 columns
+    STEP: tl.constexpr,  # GEMV_STEPS: 2 denormal, 3 columns, 4 chains
     PREFETCH: tl.constexpr,  # STEP 2: each step's words loaded one step ahead
     PDL: tl.constexpr,  # launched with programmatic dependent launch (triton_compat.pdl_launch)
     EVEN_N: tl.constexpr = False,  # N % BLOCK_N == 0 (STEP 3: word loads without a mask)
-    EVICTION: tl.constexpr = "evict_first",  # STEP 3: the words' L2 policy ("" Triton's default)
+    EVICTION: tl.constexpr = "evict_first",  # STEP 3, 4: the words' L2 policy ("" Triton's default)
+    AHEAD: tl.constexpr = 0,  # STEP 4: activations and scales loaded one K step ahead
 ):
     """One token (M = 1, batch-1 decode): no tl.dot (it pads M to 16), the dot product of the
     activation row with each unpacked column summed in float32 registers; the zero point comes
     out of the sum (sum_k a_k (q_kn - z_n) s_n = s_n (sum_k a_k q_kn - z_n sum_k a_k)).
-    STEP 1 (flat) and 2 (denormal): no [K/8, 8, N] tensor and no reduction inside the K loop:
-    nibble j of every word is one [K/8, N] step (static_range), multiplied by its own activation
-    rows and accumulated element-wise, each element in one thread; the one sum over K/8 comes
-    after the loop. Denormal (the default) takes two instructions per weight where flat takes
-    three (docs/perf-notes.md, session 8: Nsight Compute found the GEMV issue-bound, ~7 SASS
-    instructions per weight in all, not waiting on memory).
+    STEP 2 (denormal): no [K/8, 8, N] tensor and no reduction inside the K loop: nibble j of
+    every word is one [K/8, N] step (static_range), multiplied by its own activation rows and
+    accumulated element-wise, each element in one thread; the one sum over K/8 comes after the
+    loop (two instructions per weight: _gemv_denormal_step). STEP 3 (columns) and 4 (chains, the
+    default since session 15) hold every word row of a column in one thread: _gemv_columns_loop,
+    _gemv_chains_loop.
     REDUCE: the last of a column tile's SPLIT_K programs to finish (a counter per tile, taken
     with acq_rel after a barrier) adds the tile's partials in split order and writes the output,
     then zeroes the counter: one launch per GEMM instead of two.
-    PDL: nothing but weights is read, and nothing written, before gdc_wait (for the denormal step
-    with PREFETCH, inside _gemv_denormal_loop after its first words; otherwise here)."""
+    PDL: nothing but weights is read, and nothing written, before gdc_wait (inside the steps'
+    loops after their first words; here for the denormal step without PREFETCH)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # STEP 1, 2: summed over rows at the end
+    acc_rows = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)  # STEP 2: summed over rows at the end
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    if not (STEP == 2 and PREFETCH) and STEP != 3:
+    if STEP == 2 and not PREFETCH:
         pdl_wait(PDL)
-    if STEP == 3:
+    if STEP == 4:
+        acc = _gemv_chains_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
+                                rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PDL, EVICTION, AHEAD)
+    elif STEP == 3:
         acc = _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
                                  rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, EVEN_N, PDL, EVICTION)
     elif STEP == 2:
         acc_rows = _gemv_denormal_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, stride_qk, stride_sg,
                                        rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, PREFETCH, PDL)
-    elif STEP == 1:
-        for k0 in range(k_start, k_end, BLOCK_K):
-            acc_rows += _gemv_flat_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
-                                        rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K)
-    else:
-        for k0 in range(k_start, k_end, BLOCK_K):
-            acc += _gemv_tile_step(a_ptr, qw_ptr, s_ptr, z_ptr, k0, k_end, stride_ak, stride_qk, stride_sg,
-                                   rn, n_ok, GROUP, HAS_ZEROS, BLOCK_N, BLOCK_K, MAGIC)
-    if STEP == 1 or STEP == 2:
+    if STEP == 2:
         acc = tl.sum(acc_rows, axis=0)  # [BLOCK_N]
     tl.store(c_ptr + pid_k * stride_cs + rn, acc.to(c_ptr.dtype.element_ty), mask=n_ok)
     if REDUCE:
@@ -295,11 +347,11 @@ def _w4a16_gemv_kernel(
 
 
 # The GEMV's K-step kernels by name (FOLIO_W4A16_GEMV_STEP picks one; the config key STEP).
-GEMV_STEPS = {"tiles": 0, "flat": 1, "denormal": 2, "columns": 3}
+GEMV_STEPS = {"denormal": 2, "columns": 3, "chains": 4}  # (session 8's "tiles" 0 and "flat" 1: removed, slower)
 
 
 def _step_from_env() -> int:
-    name = os.environ.get("FOLIO_W4A16_GEMV_STEP", "columns")
+    name = os.environ.get("FOLIO_W4A16_GEMV_STEP", "chains")
     if name not in GEMV_STEPS:
         raise ValueError(f"FOLIO_W4A16_GEMV_STEP={name!r}: expected one of {', '.join(GEMV_STEPS)}.")
     return GEMV_STEPS[name]

@@ -13,9 +13,8 @@ def test_tiny_quant_cases_check_and_count_bytes():
     rows = quant_cases(torch.device("cpu"), torch.float32, (3.0e12, 785e12), tiny=True, sweep=False, row=_row)
     labels = [r.case.split(" (")[0] for r in rows]
     one, sixteen = "w4a16 tiny M=1 K=256 N=96", "w4a16 tiny M=16 K=256 N=96"
-    variants = ["default", "default no-magic", "default flat step", "default no prefetch", "default second launch",
-                "default k128", "default n64", "default n256", "default split x2", "default split /2",
-                "denormal n128 k64 w4", "denormal n256 k64 w4"]  # the A/B rows at one token
+    variants = ["default", "chains in-step loads", "columns n256", "denormal n128 k64 w4", "denormal no prefetch",
+                "denormal second launch", "denormal split x2", "denormal split /2"]  # the A/B rows at one token
     n = len(variants)
     assert labels[:n] == [f"{one} {v}" for v in variants]
     assert labels[n + 2] == "bf16 tiny M=1 K=256 N=96" and rows[n + 2].case.endswith("(Triton GEMV)")

@@ -56,20 +56,19 @@ def test_kernel_matches_dequantize_then_matmul(device, m, k, n, group, asym, spl
      (384, 17, 128, False, 4, 32, 128), (128, 9, 64, True, 1, 64, 64), (512, 64, 128, True, 4, 32, 32)],
 )
 @pytest.mark.parametrize("reduce", [False, True], ids=["sum-kernel", "reduce-in-kernel"])
-@pytest.mark.parametrize(("magic", "step", "prefetch"), [(1, 3, 1), (1, 2, 1), (1, 2, 0), (1, 1, 1), (1, 0, 1), (0, 0, 1)],
-                         ids=["columns", "denormal", "denormal-no-prefetch", "flat", "exponent-unpack", "int-to-float"])
-def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, split_k, block_n, block_k, reduce, magic, step,
+@pytest.mark.parametrize(("step", "prefetch"), [(4, 1), (3, 1), (2, 1), (2, 0)],
+                         ids=["chains", "columns", "denormal", "denormal-no-prefetch"])
+def test_gemv_kernel_matches_dequantize_then_matmul(device, k, n, group, asym, split_k, block_n, block_k, reduce, step,
                                                     prefetch):
-    """One token through the GEMV kernel (denormal or flat [K/8, N] steps; 3-D tiles unpacking through
-    exponent bits, or by conversions with the zero point taken out of the sum), odd N, K not a
-    multiple of the split, with and without zeros; the split-K sum by the second kernel or by
-    each tile's last program (run twice: the counters must be back at zero)."""
+    """One token through the GEMV kernel (each K step; the chains step's 32-row steps), odd N, K
+    not a multiple of the split, with and without zeros; the split-K sum by the second kernel or
+    by each tile's last program (run twice: the counters must be back at zero)."""
     gen = torch.Generator().manual_seed(k + n)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     qweight, scales, zeros, _ = _random_int4(k, n, group, asym, gen, device)
     x = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
-    cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, REDUCE=int(reduce), MAGIC=magic, STEP=step,
-               PREFETCH=prefetch)
+    cfg = dict(GEMV=1, BLOCK_N=block_n, BLOCK_K=32 if step == 4 else block_k, SPLIT_K=split_k, num_warps=4,
+               REDUCE=int(reduce), STEP=step, PREFETCH=prefetch)
     expected = w4a16_reference(x, qweight, scales, zeros, group)
     for _ in range(2):
         out = w4a16_gemm_triton(x, qweight, scales, zeros, group, config=cfg)
@@ -95,31 +94,76 @@ def test_columns_step_with_either_l2_policy(device, evict, maxnreg, k, group, bl
     torch.testing.assert_close(out.float(), w4a16_reference(x, qweight, scales, zeros, group).float(), atol=2e-2, rtol=1e-2)
 
 
-@pytest.mark.parametrize("step", [2, 3], ids=["denormal", "columns"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("asym", [False, True])
+@pytest.mark.parametrize(("k", "group", "block_n", "split_k", "reduce"),
+                         [(384, 128, 32, 3, 0), (256, 32, 64, 2, 1), (128, 64, 16, 1, 0), (512, 128, 256, 4, 0)])
+@pytest.mark.parametrize("ahead", [0, 1], ids=["in-step", "ahead"])
+def test_chains_step_matches_dequantize_then_matmul(device, dtype, asym, k, group, block_n, split_k, reduce, ahead):
+    """The chains K step (STEP 4: one FMA chain per column through a step's 32 K rows, scalar
+    activations, bf16 ones scaled by an integer add to their exponent): odd N (a masked last
+    tile) or N a multiple of the tile, several groups per split or several splits per group,
+    with and without zeros, float32 and bf16 activations (zeros among them); activations and
+    scales loaded in their step or one step ahead (AHEAD)."""
+    gen = torch.Generator().manual_seed(k + block_n)
+    n = 45 if block_n < 256 else 512
+    qweight, scales, zeros, _ = _random_int4(k, n, group, asym, gen, device)
+    x = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
+    x[0, ::7] = 0.0
+    cfg = dict(GEMV=1, STEP=4, BLOCK_N=block_n, BLOCK_K=32, SPLIT_K=split_k, REDUCE=reduce, num_warps=1, AHEAD=ahead)
+    out = w4a16_gemm_triton(x, qweight, scales, zeros, group, config=cfg)
+    expected = w4a16_reference(x.float(), qweight, scales, zeros, group)
+    assert out.dtype == dtype and out.shape == (1, n)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7  # bf16 output: one unit in the last place
+    torch.testing.assert_close(out.float(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
+
+
+@pytest.mark.parametrize("step", [3, 4], ids=["columns", "chains"])
+def test_gemv_carries_an_infinite_activation_to_the_output(device, step):
+    """A bf16 inf among the activations makes every output inf or NaN, as dequantize-then-matmul
+    does (the chains step's integer scaling turns the inf itself into a finite number; its
+    zero-point term, summed from the true activations, must still carry it)."""
+    gen = torch.Generator().manual_seed(3)
+    qweight, scales, zeros, _ = _random_int4(256, 40, 128, False, gen, device)
+    x = torch.randn(1, 256, generator=gen).to(device=device, dtype=torch.bfloat16)
+    x[0, 70] = float("inf")
+    cfg = dict(GEMV=1, STEP=step, BLOCK_N=32, BLOCK_K=32, SPLIT_K=2, REDUCE=0, num_warps=1)
+    out = w4a16_gemm_triton(x, qweight, scales, zeros, 128, config=cfg)
+    assert not torch.isfinite(out).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("step", [2, 3, 4], ids=["denormal", "columns", "chains"])
 @pytest.mark.parametrize("scale", [1e-9, 1.0, 3e4])
-def test_denormal_gemv_keeps_float32_accuracy_at_any_activation_scale(device, scale, step):
+def test_denormal_gemv_keeps_float32_accuracy_at_any_activation_scale(device, scale, step, dtype):
     """The denormal K step reads nibbles as denormal floats and scales the activations by powers
     of two up to 2^64: its products must stay normal floats and finite from tiny to large inputs
     (zeros among them), so the sum is as close to the float64 one as float32 accumulation allows."""
     gen = torch.Generator().manual_seed(7)
     k, n, group = 512, 40, 128
     qweight, scales, zeros, q = _random_int4(k, n, group, True, gen, device)
-    x = torch.randn(1, k, generator=gen) * scale
+    x = (torch.randn(1, k, generator=gen) * scale).to(dtype)
     x[0, ::7] = 0.0
+    x[0, 5] = 1e-40  # a float32 / bf16 denormal
     w64 = (q.double() - zeros.cpu().double().repeat_interleave(group, 0)) * scales.cpu().double().repeat_interleave(group, 0)
     expected = x.double() @ w64
     bound = x.double().abs() @ w64.abs()
-    cfg = dict(GEMV=1, BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, STEP=step)
+    cfg = dict(GEMV=1, BLOCK_N=16, BLOCK_K=32 if step == 4 else 64, SPLIT_K=2, num_warps=1 if step == 4 else 4, STEP=step)
     out = w4a16_gemm_triton(x.to(device), qweight, scales, zeros, group, config=cfg).cpu().double()
     assert torch.isfinite(out).all()
-    assert ((out - expected).abs() <= 1e-5 * bound).all(), ((out - expected).abs() / bound).max()
+    # float32 sums; a bf16 output adds its rounding, one unit in the last place (2^-7 of the
+    # value) where the CPU interpreter truncates.
+    tol = 1e-5 * bound + (2 ** -7 * expected.abs() if dtype == torch.bfloat16 else 0)
+    assert ((out - expected).abs() <= tol).all(), ((out - expected).abs() / bound).max()
 
 
 def test_gemv_step_switch_names_its_choices(monkeypatch):
     from folio.kernels import w4a16_gemv
 
-    monkeypatch.setenv("FOLIO_W4A16_GEMV_STEP", "flat")
-    assert w4a16_gemv._step_from_env() == w4a16_gemv.GEMV_STEPS["flat"]
+    monkeypatch.setenv("FOLIO_W4A16_GEMV_STEP", "columns")
+    assert w4a16_gemv._step_from_env() == w4a16_gemv.GEMV_STEPS["columns"]
+    monkeypatch.delenv("FOLIO_W4A16_GEMV_STEP")
+    assert w4a16_gemv._step_from_env() == w4a16_gemv.GEMV_STEPS["chains"]
     monkeypatch.setenv("FOLIO_W4A16_GEMV_STEP", "fast")
     with pytest.raises(ValueError, match="denormal"):
         w4a16_gemv._step_from_env()
@@ -168,13 +212,14 @@ def test_full_size_matches_reference(m, k, n, asym):
 @pytest.mark.parametrize(("block_n", "block_k", "warps"), [(256, 32, 1), (512, 32, 2), (1024, 32, 4)])
 @pytest.mark.parametrize(("k", "n"), [(4096, 6144), (14336, 4096), (4096, 3000)])
 @pytest.mark.parametrize("asym", [False, True])
-def test_columns_step_full_size_matches_reference(block_n, block_k, warps, k, n, asym):
-    """The columns K step at the tiles it is meant for (each thread holds every word row of its
-    columns), N a multiple of the tile or not, with the split-K sum in the kernel."""
+@pytest.mark.parametrize("step", [3, 4], ids=["columns", "chains"])
+def test_columns_step_full_size_matches_reference(block_n, block_k, warps, k, n, asym, step):
+    """The columns and chains K steps at the tiles they are meant for (each thread holds every
+    word row of its columns), N a multiple of the tile or not."""
     gen = torch.Generator().manual_seed(n)
     qweight, scales, zeros, _ = _random_int4(k, n, 128, asym, gen, "cuda")
     x = torch.randn(1, k, generator=gen).to("cuda", torch.bfloat16)
-    cfg = {**pick_config(1, n, k, 128), "STEP": 3, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps}
+    cfg = {**pick_config(1, n, k, 128), "STEP": step, "BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps}
     cfg.pop("SPLIT_K")
     from folio.kernels.w4a16_gemv import gemv_split_k
     cfg["SPLIT_K"] = gemv_split_k(n, k, block_n, block_k, torch.cuda.get_device_properties(0).multi_processor_count,
