@@ -31,8 +31,9 @@ _HALF = (torch.float16, torch.bfloat16)
 ENABLED = os.environ.get("FOLIO_GEMV", "1") != "0"
 # Session 13 (H100, the 8B's four shapes back to back in a CUDA graph, scripts/gemv_chain.py): 16
 # rows x 256-deep steps 163.3 us a layer, the former 32 x 128 167.8, cuBLAS 169.5; batch-1 decode
-# 5.89 vs 6.03-6.06 ms.
-BLOCK_N, BLOCK_K, NUM_WARPS, BUSY = 16, 256, 4, 4
+# 5.89 vs 6.03-6.06 ms. Session 15 (H100): 8 rows, twice the programs, 21.5 vs 23.1 us a layer of
+# the 0.6B and 157.7 vs 159.4 of the 8B; batch-1 decode 0.6B 0.99 vs 1.03-1.06 ms, 8B 5.66 vs 5.72.
+BLOCK_N, BLOCK_K, NUM_WARPS, BUSY = 8, 256, 4, 4
 # FOLIO_GEMV_TILES="BLOCK_N,BLOCK_K,num_warps,busy" (an A/B switch for whole-model runs): the
 # default tile, and the programs per SM the split aims for (gemv_split_k's `busy`).
 if os.environ.get("FOLIO_GEMV_TILES"):

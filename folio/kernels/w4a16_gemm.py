@@ -219,6 +219,8 @@ def w4a16_gemm_triton(
         raise ValueError(f"w4a16: the GEMV kernel takes one row, got M={m}.")
     if gemv and step not in GEMV_STEPS.values():
         raise ValueError(f"w4a16: GEMV STEP {step} is not one of {GEMV_STEPS}.")
+    if gemv and step == GEMV_STEPS["chains"] and cfg["BLOCK_K"] != 32:
+        raise ValueError(f"w4a16: the GEMV's chains step takes BLOCK_K 32, got {cfg['BLOCK_K']}.")
     split_k = cfg.pop("SPLIT_K")
     num_warps = cfg.pop("num_warps", 4)
     num_stages = cfg.pop("num_stages", None)  # None: Triton's default

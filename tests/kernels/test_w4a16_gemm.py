@@ -176,6 +176,12 @@ def test_gemv_is_the_one_token_default_and_refuses_more_rows(device):
     with pytest.raises(ValueError, match="GEMV kernel takes one row"):
         w4a16_gemm_triton(torch.zeros(2, 64, device=device), qweight, scales, None, 32,
                           config=dict(GEMV=1, BLOCK_N=16, BLOCK_K=32, SPLIT_K=1))
+    one = torch.zeros(1, 64, device=device)
+    with pytest.raises(ValueError, match="STEP 1 is not one of"):
+        w4a16_gemm_triton(one, qweight, scales, None, 32, config=dict(GEMV=1, STEP=1, BLOCK_N=16, BLOCK_K=32, SPLIT_K=1))
+    with pytest.raises(ValueError, match="chains step takes BLOCK_K 32"):
+        w4a16_gemm_triton(one, qweight, scales, None, 64 // 2,
+                          config=dict(GEMV=1, STEP=4, BLOCK_N=16, BLOCK_K=16, SPLIT_K=1))
 
 
 def test_launcher_refuses_bad_shapes_by_name():
@@ -241,7 +247,7 @@ def test_reduce_in_kernel_under_graph_replays(warps, split_k):
     gen = torch.Generator().manual_seed(split_k)
     qweight, scales, zeros, _ = _random_int4(4096, 3000, 128, True, gen, "cuda")
     x = torch.randn(1, 4096, generator=gen).to("cuda", torch.bfloat16)
-    cfg = dict(GEMV=1, BLOCK_N=64, BLOCK_K=128, SPLIT_K=split_k, num_warps=warps)
+    cfg = dict(GEMV=1, STEP=4, BLOCK_N=64, BLOCK_K=32, SPLIT_K=split_k, num_warps=warps)
     want = w4a16_gemm_triton(x, qweight, scales, zeros, 128, config=cfg)
     got = [w4a16_gemm_triton(x, qweight, scales, zeros, 128, config={**cfg, "REDUCE": 1}) for _ in range(5)]
     graph = torch.cuda.CUDAGraph()
