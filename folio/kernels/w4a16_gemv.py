@@ -2,9 +2,11 @@
 kernel (folio/kernels/w4a16_gemm.py, which launches both and documents the weight layout) shares.
 
 No tl.dot (it would pad M to 16): the activation row's dot product with each unpacked column
-summed in float32 registers, K split over programs until about four per SM (gemv_split_k), the
-split-K partials added by a second launch under PDL (split_k_sum.sum_partials, the default since
-session 14) or, with REDUCE, by each column tile's last program.
+summed in float32 registers. The default K step (since session 15) is the chains step
+(_gemv_chains_loop: one FMA chain per column, one-warp programs of 128 columns), K split so each
+program walks at least four 32-row steps (columns_split_k); the split-K partials are added by a
+second launch under PDL (split_k_sum.sum_partials, the default since session 14) or, with REDUCE,
+by each column tile's last program. The columns (3) and denormal (2) steps stay for A/B runs.
 """
 
 from __future__ import annotations
