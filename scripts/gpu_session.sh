@@ -89,10 +89,11 @@ fp8-tests) part fp8-tests  # issue 13: the FP8 GEMMs (cuBLASLt and Triton) again
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_quantized_vs_hf.py 2>&1 | tail -8 | tee -a "$OUT/fp8-tests.txt" ;;
 kernels-quant-ab) part kernels-quant-ab  # issue 13: the quantized GEMMs at the 8B's shapes, default configs, exponent-bit unpack vs conversions
   mkdir -p "$OUT/kquant"; timeout 300 python3 -m folio.kernels.benchmark --only quant --out "$OUT/kquant" 2>&1 | tail -60 ;;
-quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 / FP8, then INT4 with other GEMV settings (same run)
-  timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 2>&1 | grep -vE "INFO|it/s" | tail -8
-  for V in ${QUANT_DECODE_VARIANTS:-flat k128-launch}; do  # flat: session 7's K step; k128-launch: BLOCK_K 128, split-K sum by a second launch
-    case $V in flat) E="FOLIO_W4A16_GEMV_STEP=flat";; k128-launch) E='FOLIO_W4A16_GEMV_CONFIG={"BLOCK_K":128,"REDUCE":0}';;
+quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 in 3 alternating rounds (medians), then INT4 with other GEMV settings
+  timeout 420 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 --schemes baseline,int4-rtn \
+    --rounds 3 2>&1 | grep -vE "INFO|it/s" | tail -6
+  for V in ${QUANT_DECODE_VARIANTS:-columns in-step}; do  # columns: session 12-14's K step; in-step: chains without AHEAD
+    case $V in columns) E="FOLIO_W4A16_GEMV_STEP=columns";; in-step) E='FOLIO_W4A16_GEMV_CONFIG={"AHEAD":0}';;
       *) E="FOLIO_W4A16_GEMV_CONFIG=$V";; esac
     echo "--- INT4 with $E"
     env "$E" timeout 150 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
@@ -130,7 +131,7 @@ pdl-tests) part pdl-tests  # the kernels that take PDL, on the GPU (eager, graph
     tests/kernels/test_paged_decode.py tests/kernels/test_rms_norm.py tests/kernels/test_activation.py \
     tests/kernels/test_qk_norm_rope.py tests/kernels/test_gemv.py tests/models/test_linear_seam.py tests/worker 2>&1 \
     | tail -15 | tee "$OUT/pdl-tests.txt" ;;
-ncu-gemv) part ncu-gemv  # issue 13: Nsight Compute counters of the W4A16 GEMV (denormal, then flat K steps) at the 8B's QKV shape
+ncu-gemv) part ncu-gemv  # issue 13: Nsight Compute counters of the W4A16 GEMV (chains, then columns K steps) at the 8B's QKV shape
   timeout 300 ncu --clock-control none --kernel-name regex:_w4a16_gemv_kernel --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     python3 scripts/gemv_once.py > "$OUT/ncu-gemv.txt" 2>&1; grep -E "Throughput|Occupancy|Stall|Duration|Registers|Waves" "$OUT/ncu-gemv.txt" | head -60 ;;
