@@ -33,6 +33,20 @@ def _group_scale_zero(s_ptr, z_ptr, group, stride_sg, rn, n_ok, HAS_ZEROS: tl.co
 # (4.5e-13), and a 2^(DENORMAL_SHIFT - p) stays finite for |a| < 2^64 (1.8e19).
 DENORMAL_SHIFT = tl.constexpr(64)
 DENORMAL_UNSCALE = tl.constexpr(2.0 ** (149 - 64))  # 2^(149 - DENORMAL_SHIFT)
+# S - p for nibble j (_nibble_denormal): the power of two its activation is scaled by.
+NIBBLE_POW = tl.constexpr((64, 60, 56, 52, 48, 56, 52, 48))
+
+
+@triton.jit
+def _nibble_denormal(bits, high, j: tl.constexpr):
+    """Nibble j of each word as the denormal float32 q 2^(p - 149), p its lowest bit where it is
+    read: nibbles 0..4 in place (`bits`), 5..7 from the word shifted right by 12 (`high`), so p
+    stays <= 19 and the exponent field zero. Its activation is scaled by 2^(S - p) (NIBBLE_POW)."""
+    if j < 5:
+        nibble = bits & (0xF << (4 * j))
+    else:
+        nibble = high & (0xF << (4 * j - 12))
+    return nibble.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -56,13 +70,7 @@ def _denormal_products(packed, acts, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexp
     for j in tl.static_range(8):  # nibble j of word i is input row k0 + 8i + j
         a = acts[j].to(tl.float32)
         a_sum += a
-        if j < 5:
-            f = (bits & (0xF << (4 * j))).to(tl.float32, bitcast=True)
-            b = a * (2.0 ** (DENORMAL_SHIFT - 4 * j))
-        else:
-            f = (high & (0xF << (4 * j - 12))).to(tl.float32, bitcast=True)
-            b = a * (2.0 ** (DENORMAL_SHIFT - 4 * j + 12))
-        part += f * b[:, None]
+        part += _nibble_denormal(bits, high, j) * (a * (2.0 ** NIBBLE_POW[j]))[:, None]
     return part, a_sum
 
 
@@ -167,33 +175,27 @@ def _gemv_columns_loop(a_ptr, qw_ptr, s_ptr, z_ptr, k_start, k_end, stride_ak, s
 
 
 @triton.jit
-def _act_scaled(a_row, j: tl.constexpr, stride_ak, POW: tl.constexpr, BF16: tl.constexpr):
-    """a_row[j] 2^POW as a float32 scalar (a_row: the activation pointer of a word row's first K
-    row, so j is an immediate offset when the stride is 1). bf16: one integer op, the bf16 bits
-    moved to the top half and POW added to the exponent field (a 0 or denormal gives a float of
-    about 2^(POW - 127), whose products with the nibbles, at most 2^(POW - 127 + 4j - 149) with
-    POW = S - 4j, round to zero; an inf or NaN gives a finite value here, but the zero-point
+def _act_scaled(a_row, j: tl.constexpr, stride_ak, BF16: tl.constexpr):
+    """a_row[j] 2^NIBBLE_POW[j] as a float32 scalar (a_row: the activation pointer of a word row's
+    first K row, so j is an immediate offset when the stride is 1). bf16: one integer op, the bf16
+    bits moved to the top half and the power added to the exponent field (a 0 or denormal gives a
+    float of about 2^(POW - 127), whose products with the nibbles, at most 2^(POW - 127 + p - 149)
+    with POW = S - p, round to zero; an inf or NaN gives a finite value here, but the zero-point
     term, summed from the true activations, still carries it to the output)."""
     a = tl.load(a_row + j * stride_ak)
     if BF16:
         bits = a.to(tl.uint16, bitcast=True).to(tl.uint32)
-        return ((bits << 16) + (POW << 23)).to(tl.float32, bitcast=True)
-    return a.to(tl.float32) * (2.0 ** POW)
+        return ((bits << 16) + (NIBBLE_POW[j] << 23)).to(tl.float32, bitcast=True)
+    return a.to(tl.float32) * (2.0 ** NIBBLE_POW[j])
 
 
 @triton.jit
 def _row_acts(a_row, stride_ak, BF16: tl.constexpr):
-    """The 8 activations of one word row, each scaled for its nibble's denormal reading: a_j
-    2^(S - 4j) for nibbles 0..4 (read in place), a_j 2^(S - 4j + 12) for 5..7 (read from the word
-    shifted right by 12)."""
-    return (_act_scaled(a_row, 0, stride_ak, DENORMAL_SHIFT, BF16),
-            _act_scaled(a_row, 1, stride_ak, DENORMAL_SHIFT - 4, BF16),
-            _act_scaled(a_row, 2, stride_ak, DENORMAL_SHIFT - 8, BF16),
-            _act_scaled(a_row, 3, stride_ak, DENORMAL_SHIFT - 12, BF16),
-            _act_scaled(a_row, 4, stride_ak, DENORMAL_SHIFT - 16, BF16),
-            _act_scaled(a_row, 5, stride_ak, DENORMAL_SHIFT - 8, BF16),
-            _act_scaled(a_row, 6, stride_ak, DENORMAL_SHIFT - 12, BF16),
-            _act_scaled(a_row, 7, stride_ak, DENORMAL_SHIFT - 16, BF16))
+    """The 8 activations of one word row, each scaled for its nibble's denormal reading."""
+    return (_act_scaled(a_row, 0, stride_ak, BF16), _act_scaled(a_row, 1, stride_ak, BF16),
+            _act_scaled(a_row, 2, stride_ak, BF16), _act_scaled(a_row, 3, stride_ak, BF16),
+            _act_scaled(a_row, 4, stride_ak, BF16), _act_scaled(a_row, 5, stride_ak, BF16),
+            _act_scaled(a_row, 6, stride_ak, BF16), _act_scaled(a_row, 7, stride_ak, BF16))
 
 
 @triton.jit
@@ -203,11 +205,7 @@ def _chain_word_row(acc, word, acts):
     bits = word.to(tl.uint32, bitcast=True)
     high = bits >> 12  # nibbles 5..7 at bits 8..19
     for j in tl.static_range(8):
-        if j < 5:
-            f = (bits & (0xF << (4 * j))).to(tl.float32, bitcast=True)
-        else:
-            f = (high & (0xF << (4 * j - 12))).to(tl.float32, bitcast=True)
-        acc += f * acts[j]
+        acc += _nibble_denormal(bits, high, j) * acts[j]
     return acc
 
 
