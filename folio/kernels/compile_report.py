@@ -65,6 +65,7 @@ def _compile_instead_of_launch(arch: int, results: list):
 def _allow_cpu_stand_ins() -> None:
     from folio.kernels import (
         activation,
+        argmax,
         grammar_mask,
         gumbel_sample,
         lora_expand,
@@ -79,7 +80,7 @@ def _allow_cpu_stand_ins() -> None:
 
     from folio.kernels import fp8_gemm, fp8_gemm_triton, gemv, qk_norm_rope, w4a16_gemm
 
-    modules = (activation, gumbel_sample, paged_attention, paged_decode, prefill_attention, reshape_and_cache,
+    modules = (activation, argmax, gumbel_sample, paged_attention, paged_decode, prefill_attention, reshape_and_cache,
                rms_norm, rotary, lora_shrink, lora_expand, grammar_mask, qk_norm_rope, w4a16_gemm, gemv,
                fp8_gemm, fp8_gemm_triton)
     for module in modules:
@@ -138,6 +139,10 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
 
     gumbel_sample(torch.zeros(256, 151936), torch.zeros(256, dtype=torch.int64), torch.ones(256), num_sms=132)
     cases.append("256 x 151936, temperature")
+    from folio.kernels.argmax import argmax_split
+
+    argmax_split(torch.zeros(1, 151936), num_sms=132)
+    cases += ["greedy 1 x 151936, 64 splits", "merge 64 splits"]
     if dtype != torch.float32:
         from folio.kernels.benchmark import PREFILL_SWEEP, _short
         from folio.kernels.prefill_attention import prefill_attention
@@ -172,7 +177,7 @@ def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor,
         cases += ["w4a16 M=1 4096x6144", "its 32 splits' sum"]
         from folio.kernels.gemv import gemv
 
-        gemv(torch.zeros(1, k, dtype=dtype), torch.zeros(n, k, dtype=dtype), torch.zeros(n, dtype=dtype))
+        gemv(torch.zeros(1, k, dtype=dtype), torch.zeros(n, k, dtype=dtype), torch.zeros(n, dtype=dtype), split_k=2)
         cases += ["gemv 4096x6144 + bias", "its 2 splits' sum + bias"]
         from folio.kernels.fp8_gemm import quantize_per_token_triton
         from folio.kernels.fp8_gemm_triton import fp8_gemm_triton

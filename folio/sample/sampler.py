@@ -3,7 +3,8 @@
 1. Log-probs of the raw logits, when some row asked (max over the rows' `logprobs`).
 2. In float32: the structured-output grammar mask, allowed_token_ids, min_tokens and bad_words
    bans, logit_bias, vLLM's logits processors (per-request callables), then penalties.
-3. Greedy rows take the argmax here (all-greedy batches stop here).
+3. Greedy rows take the argmax here (all-greedy batches stop here); on CUDA a few rows take the
+   split kernel (folio/kernels/argmax.py), not torch's one block per row.
 4. Temperature, min_p, top-k, top-p, then a draw by exponential race.
 
 On CUDA the draw is one fused kernel (folio/kernels/gumbel_sample.py): temperature and the race
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from folio.kernels.argmax import argmax_rows
 from folio.kernels.gumbel_sample import gumbel_sample
 from folio.kernels.triton_compat import use_triton_for
 from folio.sample.logprobs import compute_logprobs, gather_from_logprobs, gather_logprobs
@@ -93,8 +95,8 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata, owned: bool) -> torch.Tensor:
         """owned: logits is this step's own copy, free to edit in place."""
         if metadata.all_greedy:
-            return logits.argmax(dim=-1)
-        greedy = None if metadata.all_random else logits.argmax(dim=-1)  # [rows]
+            return argmax_rows(logits)
+        greedy = None if metadata.all_random else argmax_rows(logits)  # [rows]
         if self.fused if self.fused is not None else use_triton_for(logits):
             sampled = self._fused_draw(logits, metadata, owned)  # [rows]
         else:

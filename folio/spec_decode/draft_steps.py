@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from folio.attention.metadata import AttentionMetadata
+from folio.kernels.argmax import argmax_rows
 from folio.logger import init_logger
 from folio.models.base import CausalLM
 
@@ -85,7 +86,7 @@ class DraftSteps:
     def _step(self, size: int, j: int, seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
         metadata = self._metadata(size, j, seq_lens_cpu)
         hidden = self.model(self.tokens[:size], self.positions[j, :size], metadata)  # [size, hidden]
-        ids = self.model.compute_logits(hidden).argmax(dim=-1)  # [size]
+        ids = argmax_rows(self.model.compute_logits(hidden))  # [size]
         self.tokens[:size].copy_(ids)
         return ids
 

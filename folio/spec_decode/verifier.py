@@ -21,6 +21,7 @@ import torch
 
 from folio.core.outputs import TokenLogprobs
 from folio.core.scheduler_output import ScheduledRequest
+from folio.kernels.argmax import argmax_rows
 from folio.sample.logprobs import gather_logprobs
 from folio.sample.metadata import SamplingMetadata, SamplingRow
 from folio.sample.sampler import make_request_generator
@@ -56,7 +57,7 @@ class SpecVerifier:
         rows = [row for sched in scheduled for row in _position_rows(sched, generator_for(sched))]
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)
         edited = _edit_logits(logits, metadata)  # [rows, vocab] float32
-        argmax = edited.argmax(dim=-1)  # [rows]
+        argmax = argmax_rows(edited)  # [rows]
         greedy = [s.request.sampling_params.sampling_type_greedy for s in scheduled]
         if all(greedy):
             token_lists = _longest_matching_prefixes(argmax.tolist(), scheduled)  # the step's one copy
