@@ -19,6 +19,7 @@ Variants: int4 `default` (pick_config), `msN` (columns loop, at least N steps a 
 with Triton's default L2 policy, not evict-first; r: a register cap), `h<N>w<warps>m<min steps>[r<regs>][a]`
 (the chains step, STEP 4; a: activations and scales one step ahead); bf16 `gemv` (folio/kernels/gemv.py), `gemv-kB`
 (BLOCK_K B), `g<N>k<K>w<warps>b<programs per SM>`, `cublas`. FOLIO_GEMV_EVICT=0 turns the bf16 GEMV's evict-first loads off.
+`x:<qkv>+<o>+<gate_up>+<down>` takes one int4 variant per shape.
 FOLIO_PDL=0 in the environment turns programmatic dependent launch off for a whole run.
 """
 
@@ -53,6 +54,13 @@ def int4_config(variant: str, k: int, n: int) -> dict | None:
 
     if variant == "default":
         return None
+    if variant.startswith("x:"):  # x:<qkv>+<o>+<gate_up>+<down>: a variant per shape (either model's)
+        parts = variant[2:].split("+")
+        for model in MODELS:
+            for part, dims in zip(parts, shapes(model).values()):
+                if dims == (k, n):
+                    return int4_config(part, k, n)
+        raise SystemExit(f"{variant!r}: no shape {k}x{n}, or fewer than 4 parts")
     columns = {"GEMV": 1, "STEP": 3, "BLOCK_N": 256, "BLOCK_K": 32, "REDUCE": 0, "num_warps": 1}
     if variant.startswith("c"):  # c<BLOCK_N>k<BLOCK_K>w<warps>m<MIN_STEPS>[n][r<regs>]: the columns loop
         m = re.fullmatch(r"c(\d+)k(\d+)w(\d+)m(\d+)(n?)(?:r(\d+))?", variant)
