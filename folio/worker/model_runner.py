@@ -22,6 +22,7 @@ from folio.attention import get_attention_backend
 from folio.config import EngineConfig
 from folio.core.outputs import ModelRunnerOutput
 from folio.core.scheduler_output import SchedulerOutput
+from folio.kernels import argmax
 from folio.logger import init_logger
 from folio.lora.manager import LoRAManager
 from folio.models.loader import load_model
@@ -130,6 +131,7 @@ class ModelRunner(StepSampling):
             self.graphs.capture()
             if self.speculator is not None:
                 self.speculator.capture_graphs(self.inputs, sizes)
+            argmax.warm_up(self.config.model.vocab_size, self.device)  # batch-1 greedy's kernels
 
     def uses_cuda_graphs(self) -> bool:
         """Decode steps replay CUDA graphs unless enforce_eager, off CUDA, or on the torch

@@ -57,6 +57,8 @@ def test_refuses_bad_input_by_name(device):
     with pytest.raises(ValueError, match="rows, vocab"):
         argmax_split(torch.zeros(3, device=device))
     with pytest.raises(ValueError, match="power of two"):
+        argmax_split(torch.zeros(1, 10, device=device), splits=128)
+    with pytest.raises(ValueError, match="power of two"):
         argmax_split(torch.zeros(1, 10, device=device), splits=3)
     with pytest.raises(ValueError, match="empty"):
         argmax_split(torch.zeros(1, 0, device=device))
@@ -74,7 +76,7 @@ def test_full_size_and_under_graph_replays(rows, vocab):
     gen = torch.Generator().manual_seed(rows)
     logits = torch.randn(rows, vocab, generator=gen).cuda()
     _check(logits)
-    assert torch.equal(argmax_rows(logits).cpu(), logits.cpu().argmax(dim=-1))
+    assert torch.equal(argmax_rows(logits).cpu(), logits.cpu().argmax(dim=-1))  # torch past one row
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = argmax_rows(logits)
@@ -83,3 +85,19 @@ def test_full_size_and_under_graph_replays(rows, vocab):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured.cpu(), logits.cpu().argmax(dim=-1))
+
+
+
+def test_warm_up_runs_the_batch_1_path_where_it_dispatches(monkeypatch):
+    """warm_up sends one [1, vocab] float32 row down argmax_rows: the kernels where a batch-1
+    greedy step would take them (faked here: dispatch forced on, the launcher recorded), torch
+    otherwise."""
+    from folio.kernels import argmax
+
+    seen = []
+    monkeypatch.setattr(argmax, "argmax_split", lambda logits: seen.append((logits.shape, logits.dtype)) or None)
+    argmax.warm_up(1000, torch.device("cpu"))
+    assert seen == []  # the CPU: torch
+    monkeypatch.setattr(argmax, "use_triton_for", lambda _x: True)
+    argmax.warm_up(1000, torch.device("cpu"))
+    assert seen == [((1, 1000), torch.float32)]
