@@ -1,4 +1,4 @@
-"""Greedy sampling's argmax over the vocabulary, split so a few rows fill the GPU.
+"""Greedy sampling's argmax over the vocabulary, split so a batch-1 row is not one SM's work.
 
 torch's argmax reduces a row in one thread block: at batch 1 one SM scans the 128k-152k logits,
 27.5 us of a 2.5 ms INT4 token of Llama-3.1-8B on an H100 (session 16's decode profile), the
@@ -38,9 +38,9 @@ if os.environ.get("FOLIO_SPLIT_ARGMAX", "1") not in ("0", "1"):
 ENABLED = os.environ.get("FOLIO_SPLIT_ARGMAX", "1") == "1"
 
 
-# The split count is a runtime argument, not specialised: W1's tail runs every batch size from
-# 63 rows down to 1 (six split counts), and a kernel compiled per count stalled the engine for
-# ~1 s of a 7 s greedy W1 run (session 16, H100).
+# The split count is a runtime argument, not specialised: when every batch below 64 rows took
+# the kernels, W1's tail (63 rows down to 1, six split counts) compiled one per count and stalled
+# the engine for ~1 s of a 7 s greedy W1 run (session 16, H100).
 @triton.jit(do_not_specialize=["splits"])
 def _argmax_split_kernel(
     logits_ptr,  # [rows, vocab]
@@ -112,7 +112,8 @@ def argmax_split(logits: torch.Tensor, splits: int | None = None, num_sms: int |
     """[rows, vocab] float -> [rows] int64, torch.argmax(logits, dim=-1)'s answer, on the kernels."""
     if logits.dim() != 2 or logits.dtype not in _FLOATS or logits.stride(1) != 1:
         raise ValueError(
-            f"argmax: logits must be [rows, vocab] float, contiguous in vocab, got {tuple(logits.shape)} {logits.dtype}."
+            "argmax: logits must be [rows, vocab] float, contiguous in vocab, "
+            f"got {tuple(logits.shape)} {logits.dtype}."
         )
     rows, vocab = logits.shape
     if vocab == 0:
@@ -142,7 +143,7 @@ def argmax_split(logits: torch.Tensor, splits: int | None = None, num_sms: int |
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """logits.argmax(dim=-1): the split kernels for a few CUDA rows, torch otherwise."""
+    """logits.argmax(dim=-1): the split kernels for a single CUDA row, torch otherwise."""
     if ENABLED and use_triton_for(logits) and logits.dim() == 2 and 0 < logits.shape[0] <= MAX_ROWS \
             and logits.dtype in _FLOATS and logits.stride(1) == 1 and 0 < logits.shape[1] < 2**31 - BLOCK:
         return argmax_split(logits)

@@ -3,8 +3,8 @@
 1. Log-probs of the raw logits, when some row asked (max over the rows' `logprobs`).
 2. In float32: the structured-output grammar mask, allowed_token_ids, min_tokens and bad_words
    bans, logit_bias, vLLM's logits processors (per-request callables), then penalties.
-3. Greedy rows take the argmax here (all-greedy batches stop here); on CUDA a few rows take the
-   split kernel (folio/kernels/argmax.py), not torch's one block per row.
+3. Greedy rows take the argmax here (all-greedy batches stop here); on CUDA a single row (batch-1
+   decode) takes the split kernel (folio/kernels/argmax.py), not torch's one block per row.
 4. Temperature, min_p, top-k, top-p, then a draw by exponential race.
 
 On CUDA the draw is one fused kernel (folio/kernels/gumbel_sample.py): temperature and the race

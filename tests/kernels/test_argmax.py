@@ -15,7 +15,8 @@ def _check(logits: torch.Tensor, **kwargs) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("rows", "vocab", "splits"), [(1, 5000, 4), (3, 2 * BLOCK + 1, 8), (2, 100, 1), (1, 4 * BLOCK, 2)])
+@pytest.mark.parametrize(("rows", "vocab", "splits"),
+                         [(1, 5000, 4), (3, 2 * BLOCK + 1, 8), (2, 100, 1), (1, 4 * BLOCK, 2)])
 def test_matches_torch_on_random_rows(device, dtype, rows, vocab, splits):
     gen = torch.Generator().manual_seed(vocab + rows)
     logits = torch.randn(rows, vocab, generator=gen).to(device=device, dtype=dtype)
