@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode latency-gap decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -89,15 +89,22 @@ fp8-tests) part fp8-tests  # issue 13: the FP8 GEMMs (cuBLASLt and Triton) again
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/models/test_quantized_vs_hf.py 2>&1 | tail -8 | tee -a "$OUT/fp8-tests.txt" ;;
 kernels-quant-ab) part kernels-quant-ab  # issue 13: the quantized GEMMs at the 8B's shapes, default configs, exponent-bit unpack vs conversions
   mkdir -p "$OUT/kquant"; timeout 300 python3 -m folio.kernels.benchmark --only quant --out "$OUT/kquant" 2>&1 | tail -60 ;;
-quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 in 3 alternating rounds (medians), then INT4 with other GEMV settings
-  timeout 420 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 --schemes baseline,int4-rtn \
-    --rounds 3 2>&1 | grep -vE "INFO|it/s" | tail -6
+quant-decode) part quant-decode  # issue 13: batch-1 decode, bf16 / INT4 in QUANT_ROUNDS (default 5) alternating rounds (medians), then INT4 with other GEMV settings
+  timeout 560 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 --schemes baseline,int4-rtn \
+    --rounds ${QUANT_ROUNDS:-5} 2>&1 | grep -vE "INFO|it/s" | tail -6
   for V in ${QUANT_DECODE_VARIANTS:-columns in-step}; do  # columns: session 12-14's K step; in-step: chains without AHEAD
     case $V in columns) E="FOLIO_W4A16_GEMV_STEP=columns";; in-step) E='FOLIO_W4A16_GEMV_CONFIG={"AHEAD":0}';;
       *) E="FOLIO_W4A16_GEMV_CONFIG=$V";; esac
     echo "--- INT4 with $E"
     env "$E" timeout 150 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 \
       --schemes int4-rtn 2>&1 | grep -vE "INFO|it/s" | tail -4
+  done ;;
+latency-gap) part latency-gap  # issue 11: the 0.6B's batch-1 token, 1.24 ms on `bench latency` vs 0.95-0.98 on the quantization bench (session 16)
+  for MML in 4096 30001; do
+    timeout 150 python3 -m folio bench latency --model $QWEN --load-format dummy --dtype bfloat16 --prompt-lens "" \
+      --batch-sizes 1 --max-model-len $MML 2>&1 | grep "decode batch 1" | sed "s/^/bench latency, max_model_len $MML: /"
+    timeout 150 python3 -m folio.benchmarks.quantization decode --model $QWEN --dtype bfloat16 --schemes baseline \
+      --max-model-len $MML --output-len 512 2>&1 | grep "^| baseline" | sed "s/^/quantization decode, 512 tokens, max_model_len $MML: /"
   done ;;
 decode-profile) part decode-profile  # issue 13: device time per token by kernel, batch-1 decode of the 8B, bf16 and INT4
   timeout 300 python3 -m folio.benchmarks.quantization decode --model $LLAMA --dtype bfloat16 --schemes baseline,int4-rtn \
