@@ -21,8 +21,8 @@ import os
 
 import torch
 
-from folio.kernels.gumbel_sample import _num_sms
 from folio.kernels.triton_compat import cdiv, check_same_device, tl, triton, use_triton_for
+from folio.kernels.triton_compat import num_sms as device_sms
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK = 2048  # tokens per chunk: 4 warps x 32 lanes x 16 (float32: four 16-byte loads a lane)
@@ -124,7 +124,7 @@ def argmax_split(logits: torch.Tensor, splits: int | None = None, num_sms: int |
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows == 0:
         return out
-    splits = splits or choose_splits(rows, vocab, num_sms or _num_sms(logits.device))
+    splits = splits or choose_splits(rows, vocab, num_sms or device_sms(logits.device))
     if splits < 1 or splits > MAX_SPLITS or splits & (splits - 1):
         raise ValueError(f"argmax: splits must be a power of two up to {MAX_SPLITS}, got {splits}.")
     per_split = cdiv(cdiv(vocab, splits), BLOCK) * BLOCK

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from folio.kernels.triton_compat import check_same_device, pdl_launch, pdl_wait, tl, triton
+from folio.kernels.triton_compat import check_same_device, num_sms, pdl_launch, pdl_wait, tl, triton
 
 # Token counts up to this go to the Triton kernel on CUDA; above it, cuBLASLt. Measured (session 11,
 # H100, docs/perf-notes.md): at 16-128 tokens the Triton kernel is ahead on the 8B's QKV, o and down
@@ -163,7 +163,7 @@ def fp8_gemm_triton(
     check_same_device(_fp8_gemm_kernel, **tensors)
     m, k = x_q.shape
     n = w_q.shape[0]
-    sms = torch.cuda.get_device_properties(x_q.device).multi_processor_count if x_q.is_cuda else 132
+    sms = num_sms(x_q.device)
     cfg = dict(config or pick_config(m, n, k, sms))
     block_k = cfg["BLOCK_K"]
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.pop("SPLIT_K", 1)), block_k) * block_k

@@ -22,7 +22,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from folio.kernels.triton_compat import check_same_device, pdl_launch, pdl_wait, tl, triton, use_triton_for
+from folio.kernels.triton_compat import check_same_device, num_sms, pdl_launch, pdl_wait, tl, triton, use_triton_for
 from folio.kernels.split_k_sum import _split_counters, last_split_sums, sum_partials
 from folio.kernels.w4a16_gemv import gemv_split_k
 
@@ -137,7 +137,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return out.zero_() if bias is None else out.copy_(bias[None])
     tiles = triton.cdiv(n, block_n)
     if split_k is None:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+        sms = num_sms(x.device)
         split_k = gemv_split_k(n, triton.cdiv(k, block_k) * block_k, block_n, block_k, sms, busy or BUSY)
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty splits: each one reaches the counter with a partial

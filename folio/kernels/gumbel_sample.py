@@ -23,11 +23,11 @@ The torch reference `gumbel_sample_reference` takes explicit uniforms; the kerne
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
 from folio.kernels.triton_compat import HAS_TRITON, cdiv, check_same_device, is_interpreted, tl, triton
+from folio.kernels.triton_compat import num_sms as device_sms
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _BLOCK = 2048
@@ -151,7 +151,7 @@ def gumbel_sample(
     check_same_device(_gumbel_sample_kernel, **tensors)
     if rows == 0:
         return torch.empty(0, dtype=torch.int64, device=logits.device)
-    splits = splits or choose_splits(rows, vocab, num_sms or _num_sms(logits.device))
+    splits = splits or choose_splits(rows, vocab, num_sms or device_sms(logits.device))
     per_split = cdiv(cdiv(vocab, splits), _BLOCK) * _BLOCK
     splits = cdiv(vocab, per_split)  # no empty split
     best_score = torch.empty(rows, splits, dtype=torch.float32, device=logits.device)
@@ -178,13 +178,6 @@ def gumbel_sample(
         return best_token[:, 0]
     winner = best_score.argmax(dim=1, keepdim=True)  # [rows, 1], first split on ties
     return best_token.gather(1, winner).squeeze(1)
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def gumbel_sample_reference(

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -148,6 +149,17 @@ if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1":
     _fix_interpreter_scalar_index()
     _fix_interpreter_bf16_dot()
     _fix_interpreter_fp8_cast()
+
+
+CPU_SMS = 132  # stands in for the SM count off CUDA (the interpreter): an H100's
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    """The device's SM count (what the split rules fill), read once per device; CPU_SMS off CUDA."""
+    if device.type != "cuda":
+        return CPU_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def use_triton_for(x: torch.Tensor) -> bool:

@@ -23,7 +23,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from folio.kernels.triton_compat import check_same_device, pdl_launch, tl, triton, use_triton_for
+from folio.kernels.triton_compat import check_same_device, num_sms, pdl_launch, tl, triton, use_triton_for
 from folio.kernels.split_k_sum import _split_counters, sum_partials
 from folio.kernels.w4a16_gemv import (  # noqa: F401 (gemv_split_k: re-exported for the benchmark)
     _group_scale_zero,
@@ -206,7 +206,7 @@ def w4a16_gemm_triton(
     check_same_device(_w4a16_kernel, x=x, qweight=qweight, scales=scales)
     m, k = x.shape
     n = qweight.shape[1]
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+    sms = num_sms(x.device)
     cfg = dict(config or pick_config(m, n, k, group_size, sms))
     gemv = bool(cfg.pop("GEMV", 0))
     reduce_in_kernel = bool(cfg.pop("REDUCE", 0))  # GEMV only: the split-K sum in the same launch

@@ -20,7 +20,6 @@ can drive this very class on the CPU; get_attention_backend hands it out only fo
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -31,10 +30,9 @@ from folio.kernels.paged_attention import unified_attention
 from folio.kernels.paged_attention import TileConfig
 from folio.kernels.paged_decode import choose_num_splits, paged_decode
 from folio.kernels.prefill_attention import default_prefill_config, prefill_attention
-from folio.kernels.triton_compat import next_power_of_2
+from folio.kernels.triton_compat import next_power_of_2, num_sms
 from folio.kernels.reshape_and_cache import reshape_and_cache
 
-H100_SMS = 132  # stands in for the SM count on the CPU (interpreter), where there is none
 # Which tiles the prefill kernel takes (docs/perf-notes.md, "Prefill attention kernel", measured
 # on an H100): 128-row tiles run long chunks at 1.4-1.5x the unified kernel; in a mixed step
 # (one chunk + ~200 decodes, whose rows fill 2 of a tile's rows) 64-row tiles, 3 stages, run
@@ -118,11 +116,4 @@ class TritonAttentionBackend(AttentionBackend):
             return 1
         if self.num_splits is not None:
             return self.num_splits
-        return choose_num_splits(num_seqs, num_kv_heads, _num_sms(device))
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return H100_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+        return choose_num_splits(num_seqs, num_kv_heads, num_sms(device))
