@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from folio.attention.backends.torch_ref import paged_attention_reference
-from folio.kernels import activation, rms_norm, rotary
+from folio.kernels import activation, prefill_attention_hopper, rms_norm, rotary
 from folio.kernels.paged_attention import TileConfig, unified_attention
 from folio.kernels.paged_decode import choose_num_splits, paged_decode
 from folio.kernels.prefill_attention import prefill_attention
@@ -244,6 +244,8 @@ def prefill_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
         else:
             expected = paged_attention_reference(batch.query, batch.kv_cache, md, DIM**-0.5)
         variants = [("unified default", None)] + [("prefill default", None)]
+        if prefill_attention_hopper.supports(batch.query, batch.kv_cache, None):
+            variants += [(f"prefill gluon s{stages}", stages) for stages in (4, 5)]
         if sweep:
             variants += [("prefill", c) for c in PREFILL_SWEEP]
         for label, config in variants:
@@ -252,13 +254,16 @@ def prefill_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
             def run(label=label, config=config, out=out):
                 if label.startswith("unified"):
                     return unified_attention(*common, md.max_query_len, DIM**-0.5, out=out)
+                if label.startswith("prefill gluon"):
+                    return prefill_attention_hopper.hopper_prefill_attention(*common, DIM**-0.5, out=out, stages=config)
                 return prefill_attention(*common, DIM**-0.5, out=out, config=config)
 
             def check(run=run, out=out, expected=expected):
                 run()
                 return (out.float() - expected.float()).abs().max()
 
-            rows.append(_row(f"{name}: {label} {_short(config)}", run, check, nbytes, flops, device, ceilings))
+            tiles = _short(config) if isinstance(config, TileConfig) else ""
+            rows.append(_row(f"{name}: {label} {tiles}", run, check, nbytes, flops, device, ceilings))
         del batch, expected
     return rows
 

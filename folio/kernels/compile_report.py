@@ -56,7 +56,10 @@ def _compile_instead_of_launch(arch: int, results: list):
         binder = create_function_from_signature(self.signature, self.params, backend)
         bound, specialization, options = binder(*args, **kwargs)
         options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, specialization, options)
-        kernel = compile(ASTSource(self, signature, constexprs, attrs), target=target, options=options.__dict__)
+        source = ASTSource
+        if getattr(self, "is_gluon", lambda: False)():  # a Gluon kernel: its own front end
+            from triton.experimental.gluon._runtime import GluonASTSource as source
+        kernel = compile(source(self, signature, constexprs, attrs), target=target, options=options.__dict__)
         results.append((self.fn.__name__, kernel))
 
     JITFunction.run = run
@@ -85,6 +88,11 @@ def _allow_cpu_stand_ins() -> None:
                fp8_gemm, fp8_gemm_triton)
     for module in modules:
         module.check_same_device = lambda *_a, **_k: torch.device("cpu")
+    from folio.kernels import prefill_attention_hopper
+
+    if prefill_attention_hopper.HAS_GLUON:  # a Hopper kernel: CPU stand-ins take it as they would on an H100
+        prefill_attention_hopper.check_same_device = lambda *_a, **_k: torch.device("cpu")
+        prefill_attention_hopper.supports = lambda *_a, **_k: True
 
 
 def _launch_with_pdl() -> None:
@@ -150,6 +158,11 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
         for config in [None, *(PREFILL_SWEEP if sweep else [])]:
             prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1, config=config)
             cases.append(f"prefill {_short(config) or 'default'}")
+        from folio.kernels import prefill_attention_hopper
+
+        if prefill_attention_hopper.HAS_GLUON:
+            prefill_attention_hopper.hopper_prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1)
+            cases.append("prefill Gluon (Hopper)")
     vocab = 151936  # structured outputs: the grammar mask works on float32 logits whatever the dtype
     apply_token_bitmask_triton(torch.zeros(t, vocab), torch.zeros(t, (vocab + 31) // 32, dtype=torch.int32),
                                torch.arange(t))

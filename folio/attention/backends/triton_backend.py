@@ -26,6 +26,7 @@ import torch
 
 from folio.attention.backends.base import AttentionBackend
 from folio.attention.metadata import AttentionMetadata
+from folio.kernels import prefill_attention_hopper
 from folio.kernels.paged_attention import unified_attention
 from folio.kernels.paged_attention import TileConfig
 from folio.kernels.paged_decode import choose_num_splits, paged_decode
@@ -58,6 +59,10 @@ class TritonAttentionBackend(AttentionBackend):
         if prefill_kernel is None:
             prefill_kernel = os.environ.get("FOLIO_PREFILL_ATTENTION", "1") != "0"
         self.prefill_kernel = prefill_kernel
+        kernel = os.environ.get("FOLIO_PREFILL_KERNEL", "triton")
+        if kernel not in ("triton", "gluon"):
+            raise ValueError(f"FOLIO_PREFILL_KERNEL={kernel!r}: expected triton or gluon.")
+        self.hopper_prefill = kernel == "gluon"  # long chunks on Hopper: prefill_attention_hopper.py
 
     def write_kv(
         self,
@@ -92,6 +97,9 @@ class TritonAttentionBackend(AttentionBackend):
         fp8_cache = kv_cache.element_size() == 1
         config = None if fp8_cache else self.prefill_config(query.dtype, query.shape[2], group, metadata)
         if config is not None:
+            if self.hopper_prefill and self.long_chunks(metadata) and prefill_attention_hopper.supports(
+                    query, kv_cache, sliding_window):
+                return prefill_attention_hopper.hopper_prefill_attention(*args, scale, out=out)
             return prefill_attention(*args, scale, sliding_window, out=out, config=config)
         return unified_attention(
             *args, metadata.max_query_len, scale, sliding_window, out=out, k_scale=k_scale, v_scale=v_scale
@@ -106,10 +114,15 @@ class TritonAttentionBackend(AttentionBackend):
             return None
         if metadata.max_query_len * group <= 16:  # short queries: the unified kernel's 16-row tiles
             return None
-        if metadata.max_query_len >= PREFILL_MIN_QUERY_LEN and metadata.num_seqs <= PREFILL_MAX_SEQS:
+        if self.long_chunks(metadata):
             return default_prefill_config(group, max(16, next_power_of_2(head_dim)))
         return TileConfig(max(MIXED_PREFILL_CONFIG.block_m, next_power_of_2(group)), MIXED_PREFILL_CONFIG.tile_n,
                           MIXED_PREFILL_CONFIG.num_warps, MIXED_PREFILL_CONFIG.num_stages)
+
+    @staticmethod
+    def long_chunks(metadata: AttentionMetadata) -> bool:
+        """Long prompt chunks lead the batch (the prefill kernel's 128-row tiles)."""
+        return metadata.max_query_len >= PREFILL_MIN_QUERY_LEN and metadata.num_seqs <= PREFILL_MAX_SEQS
 
     def decode_splits(self, num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
         if not self.split_kv:

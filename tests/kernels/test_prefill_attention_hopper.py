@@ -1,0 +1,116 @@
+"""The Gluon prefill kernel for Hopper (prefill_attention_hopper.py) against the torch reference.
+
+Gluon kernels do not run in Triton's interpreter: the numbers are checked on a Hopper GPU only;
+on the CPU the tests check what the kernel refuses and that the backend keeps it off by default
+(tests/kernels/test_compile_sm90.py compiles it for sm_90 on any machine).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from folio.attention.backends.torch_ref import paged_attention_reference
+from folio.kernels import prefill_attention_hopper as hopper
+from tests.kernels.paged_batch import assert_close, make_paged_batch
+
+needs_hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and hopper.HAS_GLUON),
+    reason="needs a Hopper GPU and Triton's Gluon")
+
+
+def _run(batch, scale=0.3, min_query_len=0, stages=hopper.STAGES):
+    md = batch.metadata
+    out = torch.full_like(batch.query, float("nan"))  # poison: every row it owns must be written
+    hopper.hopper_prefill_attention(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables,
+                                    md.num_seqs, scale, out=out, min_query_len=min_query_len, stages=stages)
+    return out, paged_attention_reference(batch.query, batch.kv_cache, md, scale)
+
+
+def test_cpu_batches_are_refused_by_name():
+    batch = make_paged_batch([300], [300], 16, 8, 128, 16, dtype=torch.bfloat16)
+    assert not hopper.supports(batch.query, batch.kv_cache, None)
+    md = batch.metadata
+    with pytest.raises(ValueError, match="unsupported batch"):
+        hopper.hopper_prefill_attention(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens,
+                                        md.block_tables, md.num_seqs, 0.1)
+
+
+def test_backend_keeps_the_triton_kernel_unless_asked(monkeypatch):
+    from folio.attention.backends.triton_backend import TritonAttentionBackend
+
+    monkeypatch.delenv("FOLIO_PREFILL_KERNEL", raising=False)
+    assert not TritonAttentionBackend().hopper_prefill
+    monkeypatch.setenv("FOLIO_PREFILL_KERNEL", "gluon")
+    assert TritonAttentionBackend().hopper_prefill
+    monkeypatch.setenv("FOLIO_PREFILL_KERNEL", "cuda")
+    with pytest.raises(ValueError, match="FOLIO_PREFILL_KERNEL"):
+        TritonAttentionBackend()
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("q_lens", "seq_lens", "num_heads", "head_dim", "block_size"),
+    [
+        ([40, 23, 1, 0, 17], [45, 23, 60, 0, 70], 16, 128, 16),  # chunks on context, a decode, padding
+        ([300, 129], [300, 700], 32, 128, 16),  # GQA 4: 32-token q blocks, diagonal tiles mid-block
+        ([200], [333], 16, 64, 1),  # head_dim 64; a block per key (ids change inside a tile)
+        ([64, 65], [64, 1000], 8, 128, 4),  # MHA-like group 1: 128-token q blocks
+    ],
+)
+def test_matches_reference(dtype, q_lens, seq_lens, num_heads, head_dim, block_size):
+    batch = make_paged_batch(q_lens, seq_lens, num_heads, 8, head_dim, block_size, dtype=dtype, device="cuda",
+                             pad_tokens=3, seed=len(q_lens) + head_dim)
+    out, expected = _run(batch)
+    real, pad = batch.real_rows.cuda(), batch.padding_rows.cuda()
+    assert_close(out[real], expected[real], dtype)
+    assert out[pad].isnan().all(), "rows owned by no sequence must be left untouched"
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("stages", [4, 5])
+@pytest.mark.parametrize(("q_lens", "seq_lens"), [([8192], [8192]), ([4096], [20000])])
+@pytest.mark.parametrize("num_heads", [16, 32])  # Qwen3-0.6B (GQA 2), Llama-3.1-8B (GQA 4)
+def test_full_size(stages, q_lens, seq_lens, num_heads):
+    batch = make_paged_batch(q_lens, seq_lens, num_heads, 8, 128, 16, dtype=torch.bfloat16, device="cuda",
+                             pad_tokens=5)
+    out, expected = _run(batch, scale=128**-0.5, stages=stages)
+    real = batch.real_rows.cuda()
+    assert_close(out[real], expected[real], torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_short_sequences_are_left_to_another_kernel():
+    batch = make_paged_batch([300, 1, 40, 260], [300, 9, 80, 900], 16, 8, 128, 16, dtype=torch.bfloat16,
+                             device="cuda", seed=5)
+    out, expected = _run(batch, min_query_len=256)
+    md = batch.metadata
+    for i in range(md.num_seqs):
+        rows = slice(md.query_start_loc_cpu[i], md.query_start_loc_cpu[i + 1])
+        if md.query_len(i) >= 256:
+            assert_close(out[rows], expected[rows], torch.bfloat16)
+        else:
+            assert out[rows].isnan().all()
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_backend_sends_long_chunks_here_when_asked(monkeypatch):
+    from folio.attention.backends.torch_ref import TorchAttentionBackend
+    from folio.attention.backends.triton_backend import TritonAttentionBackend
+
+    monkeypatch.setenv("FOLIO_PREFILL_KERNEL", "gluon")
+    calls = []
+    real = hopper.hopper_prefill_attention
+    monkeypatch.setattr(hopper, "hopper_prefill_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    batch = make_paged_batch([600, 1], [900, 40], 16, 8, 128, 16, dtype=torch.bfloat16, device="cuda", seed=2)
+    cache = batch.kv_cache.clone()
+    TorchAttentionBackend().write_kv(batch.key, batch.value, cache, batch.metadata.slot_mapping)
+    out = TritonAttentionBackend().forward(batch.query, cache, batch.metadata, 0.25)
+    expected = TorchAttentionBackend().forward(batch.query, cache, batch.metadata, 0.25)
+    assert calls == [1]
+    assert_close(out, expected, torch.bfloat16)
