@@ -84,6 +84,21 @@ def test_full_size(stages, q_lens, seq_lens, num_heads):
 
 @pytest.mark.gpu
 @needs_hopper
+def test_stale_non_finite_cache_slots_do_not_leak():
+    """Slots past a sequence's end in its last block (a freed block's stale K/V) hold inf and NaN:
+    the masked loads must keep them out (P = 0 times a NaN V is still NaN)."""
+    batch = make_paged_batch([300, 200], [300, 711], 16, 8, 128, 16, dtype=torch.bfloat16, device="cuda", seed=9)
+    md = batch.metadata
+    for i, seq_len in enumerate(md.seq_lens_cpu):
+        last = int(md.block_tables[i, (seq_len - 1) // 16])
+        batch.kv_cache[:, last, seq_len % 16 or 16:] = float("nan")
+        batch.kv_cache[1, last, seq_len % 16 or 16:, :, ::3] = float("inf")
+    out, expected = _run(batch)
+    assert_close(out, expected, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_hopper
 def test_short_sequences_are_left_to_another_kernel():
     batch = make_paged_batch([300, 1, 40, 260], [300, 9, 80, 900], 16, 8, 128, 16, dtype=torch.bfloat16,
                              device="cuda", seed=5)
