@@ -245,7 +245,7 @@ def prefill_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
             expected = paged_attention_reference(batch.query, batch.kv_cache, md, DIM**-0.5)
         variants = [("unified default", None)] + [("prefill default", None)]
         if prefill_attention_hopper.supports(batch.query, batch.kv_cache, None):
-            variants += [(f"prefill gluon s{stages}", stages) for stages in (4, 5)]
+            variants += [(f"prefill gluon s{stages}", stages) for stages in (4, 6)]
         if sweep:
             variants += [("prefill", c) for c in PREFILL_SWEEP]
         for label, config in variants:

@@ -162,7 +162,7 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
 
         if prefill_attention_hopper.HAS_GLUON:
             prefill_attention_hopper.hopper_prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1)
-            cases.append("prefill Gluon (Hopper)")
+            cases.append("prefill Gluon, loader warp")
     vocab = 151936  # structured outputs: the grammar mask works on float32 logits whatever the dtype
     apply_token_bitmask_triton(torch.zeros(t, vocab), torch.zeros(t, (vocab + 31) // 32, dtype=torch.int32),
                                torch.arange(t))
@@ -261,6 +261,8 @@ def _inspect(name: str, case: str, kernel, dump: str | None) -> Report:
     loads = re.findall(r"\b(LDG\S*|LDGSTS\S*)", sass)
     wide = sum(".128" in op for op in loads)
     mma = next((op for op in ("HGMMA", "QGMMA", "HMMA") if op in sass), "none")  # QGMMA: FP8 wgmma
+    if mma in ("HGMMA", "QGMMA") and sass.count("WARPGROUP.DEPBAR") >= len(re.findall(r"\b[HQ]GMMA\.", sass)):
+        mma += "-serial"  # ptxas waits on every wgmma (its C7514 note): no overlap with anything
     return Report(name, case, regs, stack, kernel.metadata.shared, wide, len(loads) - wide, mma, _pdl_order(sass))
 
 

@@ -1,23 +1,30 @@
-"""Prefill attention for Hopper in Gluon: the scores of the next K tile run on the tensor cores
-while this tile's softmax runs (FlashAttention-3's intra-warpgroup overlap).
+"""Prefill attention for Hopper in Gluon: long prompt chunks, with the K/V tiles brought by a loader
+warp and the scores of the next tile computed while this tile's softmax runs.
 
-The Triton kernel (prefill_attention.py) reaches ~60-64% of the matrix rate on long chunks: its
-loop waits on each wgmma at once, so a tile's exponentials and its two matrix products run one
-after the other (Triton 3.6 places the wait before the softmax even when the scores are issued a
-tile early; docs/perf-notes.md, session 17). Gluon states the waits itself:
+The Triton kernel (prefill_attention.py) reaches ~60-64% of the matrix rate on long chunks: all its
+warps compute gather addresses and wait on each tile's cp.async, and Triton 3.6 waits on every
+wgmma before the softmax (docs/perf-notes.md, session 17). Gluon states the waits and the warps'
+roles itself. A program owns (q block, KV head) as the Triton kernel does: BLOCK_M = 128 rows of
+BLOCK_Q query tokens x the GROUP heads of one KV head, two warpgroups (8 warps) of 64 rows, q in
+shared memory for the whole loop, tiles the block sees in full unmasked and the diagonal's masked
+(two loops: ptxas waits for every pending wgmma where control flow joins).
 
-- A program owns (q block, KV head) as the Triton kernel does: BLOCK_M = 128 rows of BLOCK_Q
-  query tokens x the GROUP heads of one KV head, in two warpgroups (8 warps) of 64 rows. q sits in
-  shared memory for the whole loop.
-- K/V tiles come through the block table by cp.async into a ring of STAGES buffers, the tile two
-  ahead issued at the top of each step (its block ids loaded one step before that).
-- Step j: issue S(j+1) = q K(j+1)^T (async); softmax of S(j) (masked only where the tile crosses
-  the diagonal or the chunk's end); wait for P(j-1) V(j-1) only; rescale; issue P(j) V(j) (async,
-  P from registers); wait for S(j+1) only. So S(j+1) runs under the softmax and P(j) V(j) under the
-  next step's loads and softmax.
+- `_hopper_prefill_ws_kernel`: `warp_specialize` into the 8 compute warps and a
+  loader warp that issues TMA boxes (one per run of keys in a block) into a ring
+  of STAGES buffers, with a ready and an empty mbarrier per stage. Step j: issue S(j+1) = q K(j+1)^T
+  (async), rescale the output under it, issue P(j) V(j) (P from registers), wait for S(j+1) only,
+  then tile j+1's softmax runs under P(j) V(j), which step j+1 waits for before handing tile j's
+  stage back. Whole-block boxes read stale slots past a chunk's end: masked steps zero those V
+  rows in shared memory (their P is 0; 0 x a non-finite stale V would still be NaN).
+  Measured (H100, session 17): 6-12% faster than the Triton kernel on 8k chunks, TTFT of the 0.6B
+  36 vs 39-40 ms (8k) and 279-281 vs 307-315 ms (30k).
+  (Session 17 also measured an all-warps cp.async version with the same step: no faster than
+  the Triton kernel; and TMA issued by every warp behind a CTA barrier: slower. Both removed.)
 
-bf16 / fp16 caches of the query's dtype, head_dim 64 or 128, no sliding window (`supports`); the
-backend sends other batches to the Triton kernel. `FOLIO_PREFILL_KERNEL` picks (triton_backend.py).
+bf16 / fp16 caches of the query's dtype, head_dim 128, 16-token blocks, 2 or 4 query heads a KV
+head, no sliding window (`supports`); the backend sends other batches to the Triton kernel, and `FOLIO_PREFILL_KERNEL=triton`
+sends all of them (triton_backend.py). Gluon kernels do not run in Triton's interpreter: the CPU
+tests check the dispatch, tests/kernels/test_compile_sm90.py compiles it for sm_90.
 """
 
 from __future__ import annotations
@@ -32,12 +39,15 @@ from folio.kernels.triton_compat import check_same_device
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
+        mbarrier,
+        tma,
         warpgroup_mma,
+        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     HAS_GLUON = True
 except ImportError:  # a CPU install without Triton, or a Triton without Gluon
@@ -45,8 +55,13 @@ except ImportError:  # a CPU install without Triton, or a Triton without Gluon
 
 BLOCK_M = 128  # rows a program: two warpgroups of 64
 TILE_N = 64  # keys a step
-STAGES = 4  # K/V buffers in the ring: tiles j - 1 .. j + STAGES - 2 (the newest STAGES - 3 in flight)
-NUM_WARPS = 8
+STAGES = 4  # K/V buffers in the ring (measured: 4 and 6 alike, 5 slower)
+NUM_WARPS = 8  # the compute warps; the loader's warpgroup comes on top
+# Warp-specialised variant: 8 compute warps + a loader warpgroup share the register file, so the
+# launch caps a thread at WS_MAXNREG (12 warps x 32 x 168 <= 65,536); the loader keeps
+# WS_LOADER_REGS and the compute warps take the rest (setmaxnreg).
+WS_MAXNREG = 168
+WS_LOADER_REGS = 40
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,16 +70,21 @@ def _is_hopper(index: int) -> bool:
 
 
 def supports(query: torch.Tensor, kv_cache: torch.Tensor, sliding_window: int | None) -> bool:
-    """Whether this kernel takes the batch: a Hopper GPU, a 16-bit cache of the query's dtype,
-    head_dim 64 or 128, a power-of-two group of at most BLOCK_M heads, no sliding window."""
+    """Whether this kernel takes the batch: a Hopper GPU, a contiguous 16-bit cache of the query's
+    dtype, no sliding window, and the shapes it has been run on a GPU with: head_dim 128, 16-token
+    blocks (folio's default) and 2 or 4 query heads a KV head (Qwen3-0.6B, Llama-3.1-8B). The
+    kernel's code also takes other power-of-two groups up to BLOCK_M, blocks of 16-64 tokens or
+    multiples of 64 (_box_ids: up to 4 boxes a tile) and head_dim 64; those wait for a GPU run
+    before they are let in."""
     if not (HAS_GLUON and query.is_cuda):
         return False
     if not _is_hopper(query.device.index if query.device.index is not None else torch.cuda.current_device()):
         return False
     num_heads, head_dim = query.shape[1], query.shape[2]
-    group = num_heads // kv_cache.shape[3]
+    group, block_size = num_heads // kv_cache.shape[3], kv_cache.shape[2]
     return (query.dtype in (torch.float16, torch.bfloat16) and kv_cache.dtype == query.dtype
-            and head_dim in (64, 128) and group & (group - 1) == 0 and group <= BLOCK_M and not sliding_window)
+            and head_dim == 128 and block_size == 16 and group in (2, 4) and not sliding_window
+            and kv_cache[0].is_contiguous())
 
 
 if HAS_GLUON:
@@ -85,22 +105,6 @@ if HAS_GLUON:
         return lo - 1
 
     @gluon.jit
-    def _issue_tile(k_bufs, v_bufs, stage, k_cache_ptr, v_cache_ptr, ids, k_pos, k_hi, dims, kv_head_offset,
-                    cache_stride_block, cache_stride_slot, BLOCK_SIZE: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """cp.async of the K and V rows at k_pos (blocks ids) into ring stage `stage`, one commit
-        group; keys at or past k_hi are zero-filled."""
-        rows = ids.to(gl.int64) * cache_stride_block + (k_pos % BLOCK_SIZE) * cache_stride_slot + kv_head_offset
-        offsets = rows[:, None] + dims[None, :]
-        mask = (k_pos < k_hi)[:, None] & (dims < HEAD_DIM)[None, :]
-        async_copy.async_copy_global_to_shared(k_bufs.index(stage), k_cache_ptr + offsets, mask)
-        async_copy.async_copy_global_to_shared(v_bufs.index(stage), v_cache_ptr + offsets, mask)
-        async_copy.commit_group()
-
-    @gluon.jit
-    def _tile_ids(table, k_pos, k_hi, BLOCK_SIZE: gl.constexpr):
-        return gl.load(table + k_pos // BLOCK_SIZE, mask=k_pos < k_hi, other=0)
-
-    @gluon.jit
     def _softmax_step(s, start, first_q, q_pos, k_hi, m_i, l_i, scale_log2, MASKED: gl.constexpr,
                       TILE_N: gl.constexpr, s_cols: gl.constexpr):
         """(p, alpha, m, l) of the scores s of keys start .. start + TILE_N, m and l in log2 units;
@@ -114,64 +118,80 @@ if HAS_GLUON:
         alpha = gl.exp2(m_i - m_new)
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
+    # ---- warp-specialised: a loader warp brings K/V by TMA, 8 warps compute ----------------------
     @gluon.jit
-    def _step(j, acc, p, alpha, m_i, l_i, next_ids, q_smem, k_bufs, v_bufs, k_cache_ptr, v_cache_ptr, table, keys, k_hi,
-              dims, kv_head_offset, cache_stride_block, cache_stride_slot, first_q, q_pos, scale_log2, zeros_s,
-              MASKED: gl.constexpr, BLOCK_SIZE: gl.constexpr, HEAD_DIM: gl.constexpr, TILE_N: gl.constexpr,
-              STAGES: gl.constexpr, o_rows: gl.constexpr, s_cols: gl.constexpr, p_layout: gl.constexpr):
-        """Step j: P(j) V(j) into acc, with S(j + 1) = q K(j + 1)^T under the rescale and tile j + 1's
-        softmax (MASKED or not) under P(j) V(j); tile j + STAGES - 2's copies issued first."""
-        async_copy.wait_group(STAGES - 4)  # tile j + 1 landed
-        gl.thread_barrier()  # every warp's copies visible; every warp done with step j - 1
+    def _box_ids(table, t, k_hi, BLOCK_SIZE: gl.constexpr, TILE_N: gl.constexpr, BOX: gl.constexpr):
+        """The blocks of tile t's TILE_N // BOX boxes (up to 4; unused ones repeat the first), 0 past
+        the sequence's blocks."""
+        k0 = t * TILE_N
+        id0 = gl.load(table + k0 // BLOCK_SIZE, mask=k0 < k_hi, other=0)
+        id1 = id0
+        id2 = id0
+        id3 = id0
+        if TILE_N // BOX > 1:
+            id1 = gl.load(table + (k0 + BOX) // BLOCK_SIZE, mask=k0 + BOX < k_hi, other=0)
+        if TILE_N // BOX > 2:
+            id2 = gl.load(table + (k0 + 2 * BOX) // BLOCK_SIZE, mask=k0 + 2 * BOX < k_hi, other=0)
+            id3 = gl.load(table + (k0 + 3 * BOX) // BLOCK_SIZE, mask=k0 + 3 * BOX < k_hi, other=0)
+        return id0, id1, id2, id3
+
+    @gluon.jit
+    def _ws_loader(k_desc, v_desc, k_bufs, v_bufs, ready, empty, table, k_hi, kv_col, n_tiles,
+                   BLOCK_SIZE: gl.constexpr, TILE_N: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr):
+        """Tiles 0 .. n_tiles (the last one the final step's look-ahead, masked away) by TMA, one
+        [BOX, HEAD_DIM] box per run of keys in one block, each into its ring stage once the
+        compute warps have released it. Keys past the sequence load whatever their block holds;
+        the compute side zeroes those V rows (_zero_v_past) and masks their scores."""
+        for t in range(0, n_tiles + 1):
+            stage = t % STAGES
+            mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)  # barriers start with phase 1 complete
+            ids = _box_ids(table, t, k_hi, BLOCK_SIZE, TILE_N, BOX)
+            bar = ready.index(stage)
+            mbarrier.expect(bar, 2 * (TILE_N // BOX) * k_desc.block_type.nbytes)
+            for b in gl.static_range(TILE_N // BOX):
+                row = ids[b] * BLOCK_SIZE + (t * TILE_N + b * BOX) % BLOCK_SIZE
+                tma.async_copy_global_to_shared(k_desc, [row, kv_col], bar, k_bufs.index(stage).slice(b * BOX, BOX))
+                tma.async_copy_global_to_shared(v_desc, [row, kv_col], bar, v_bufs.index(stage).slice(b * BOX, BOX))
+
+    @gluon.jit
+    def _zero_v_past(v_bufs, j, k_hi, TILE_N: gl.constexpr, STAGES: gl.constexpr, load_layout: gl.constexpr):
+        """Tile j's V rows of keys >= k_hi set to 0 in shared memory: their P is 0, and 0 x a stale
+        non-finite V would still be NaN."""
+        buf = v_bufs.index(j % STAGES)
+        k_pos = j * TILE_N + gl.arange(0, TILE_N, layout=gl.SliceLayout(1, load_layout))
+        v = buf.load(load_layout)
+        buf.store(gl.where((k_pos < k_hi)[:, None], v, gl.zeros_like(v)))
         fence_async_shared()
-        t_new = j + STAGES - 2  # into the stage of tile j - 2, whose P V step j - 1 waited for
-        _issue_tile(k_bufs, v_bufs, t_new % STAGES, k_cache_ptr, v_cache_ptr, next_ids, t_new * TILE_N + keys,
-                    k_hi, dims, kv_head_offset, cache_stride_block, cache_stride_slot, BLOCK_SIZE, HEAD_DIM)
-        next_ids = _tile_ids(table, (t_new + 1) * TILE_N + keys, k_hi, BLOCK_SIZE)
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _ws_step(j, acc, p, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos, scale_log2,
+                 zeros_s, MASKED: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr, o_rows: gl.constexpr,
+                 s_cols: gl.constexpr, p_layout: gl.constexpr, load_layout: gl.constexpr):
+        """_step with the tiles from the loader warp: wait for tile j + 1 on its mbarrier, and hand
+        tile j - 1's stage back (P(j-1) V(j-1) was waited for at the end of step j - 1; the barrier
+        and the arrive sit here, not there, so that ptxas keeps that wait after the softmax)."""
+        mbarrier.wait(ready.index((j + 1) % STAGES), ((j + 1) // STAGES) & 1)
+        acc = warpgroup_mma_wait(0, deps=(acc,))  # P(j-1) V(j-1), left running under step j - 1's softmax
+        gl.thread_barrier()  # both warpgroups are done with tile j - 1
+        mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1, pred=j > 0)
+        if MASKED:
+            _zero_v_past(v_bufs, j, k_hi, TILE_N, STAGES, load_layout)
         s_next = warpgroup_mma(q_smem, k_bufs.index((j + 1) % STAGES).permute((1, 0)), zeros_s, use_acc=False,
                                is_async=True)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         pv = warpgroup_mma(p_op, v_bufs.index(j % STAGES), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_next,))  # S(j + 1) done; P(j) V(j) runs on
+        s = warpgroup_mma_wait(1, deps=(s_next,))
         p, alpha, m_i, l_i = _softmax_step(s, (j + 1) * TILE_N, first_q, q_pos, k_hi, m_i, l_i, scale_log2, MASKED,
                                            TILE_N, s_cols)
-        acc = warpgroup_mma_wait(0, deps=(pv,))
-        return acc, p, alpha, m_i, l_i, next_ids
+        return pv, p, alpha, m_i, l_i
 
-    @gluon.jit(do_not_specialize=["num_seqs", "num_q_blocks", "min_query_len"])
-    def _hopper_prefill_kernel(
-        out_ptr,  # [num_tokens, num_heads, head_dim]
-        query_ptr,  # [num_tokens, num_heads, head_dim]
-        k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
-        v_cache_ptr,
-        block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
-        seq_lens_ptr,  # [num_seqs] int32
-        query_start_loc_ptr,  # [num_seqs + 1] int32
-        num_seqs,
-        num_q_blocks,
-        min_query_len,
-        scale_log2,
-        q_stride_t,
-        q_stride_h,
-        o_stride_t,
-        o_stride_h,
-        bt_stride,
-        cache_stride_block,
-        cache_stride_slot,
-        cache_stride_head,
-        GROUP: gl.constexpr,
-        HEAD_DIM: gl.constexpr,
-        BLOCK_SIZE: gl.constexpr,
-        BLOCK_Q: gl.constexpr,
-        BLOCK_M: gl.constexpr,
-        TILE_N: gl.constexpr,
-        STAGES: gl.constexpr,
-        Q_SMEM: gl.constexpr,  # NVMMASharedLayout of q [BLOCK_M, HEAD_DIM]
-        KV_SMEM: gl.constexpr,  # NVMMASharedLayout of a K or V tile [TILE_N, HEAD_DIM]
-    ):
-        gl.static_assert(STAGES >= 4, "the ring holds tiles j - 1 .. j + 2")
-        dtype: gl.constexpr = query_ptr.dtype.element_ty
+    @gluon.jit
+    def _ws_compute(q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, n_tiles, n_open, scale_log2,
+                    GROUP: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, TILE_N: gl.constexpr,
+                    STAGES: gl.constexpr):
+        """The compute warps' loop (the default partition): (acc, l) of the q block."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                            instr_shape=[16, TILE_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
@@ -181,10 +201,39 @@ if HAS_GLUON:
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
-        l_rows: gl.constexpr = gl.SliceLayout(1, load_layout)
-        l_cols: gl.constexpr = gl.SliceLayout(0, load_layout)
+        zeros_s = gl.zeros([BLOCK_M, TILE_N], gl.float32, s_layout)
+        q_pos = first_q + gl.arange(0, BLOCK_M, layout=s_rows) // GROUP
+        acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
+        mbarrier.wait(ready.index(0), 0)
+        s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s, use_acc=False)
+        p, alpha, m_i, l_i = _softmax_step(s, 0, first_q, q_pos, k_hi, gl.full([BLOCK_M], float("-inf"), gl.float32,
+                                           s_rows), gl.zeros([BLOCK_M], gl.float32, s_rows), scale_log2, True,
+                                           TILE_N, s_cols)
+        for j in range(0, n_open):
+            acc, p, alpha, m_i, l_i = _ws_step(j, acc, p, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi,
+                                               first_q, q_pos, scale_log2, zeros_s, False, TILE_N, STAGES, o_rows,
+                                               s_cols, p_layout, load_layout)
+        for j in range(n_open, n_tiles):
+            acc, p, alpha, m_i, l_i = _ws_step(j, acc, p, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi,
+                                               first_q, q_pos, scale_log2, zeros_s, True, TILE_N, STAGES, o_rows,
+                                               s_cols, p_layout, load_layout)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        return acc, gl.convert_layout(l_i, o_rows)
 
+    @gluon.jit(do_not_specialize=["num_seqs", "num_q_blocks", "min_query_len"])
+    def _hopper_prefill_ws_kernel(
+        out_ptr, query_ptr, k_desc, v_desc, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+        num_seqs, num_q_blocks, min_query_len, scale_log2, q_stride_t, q_stride_h, o_stride_t, o_stride_h, bt_stride,
+        GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr,
+        BLOCK_M: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr, BOX: gl.constexpr,
+        Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, LOADER_REGS: gl.constexpr,
+    ):
+        """_hopper_prefill_kernel's programs with the K/V tiles brought by a loader warp (TMA boxes,
+        ready/empty mbarriers per ring stage) so the 8 compute warps never wait on a gather."""
+        dtype: gl.constexpr = query_ptr.dtype.element_ty
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [8, 1], [1, 0])
         q_block = num_q_blocks - 1 - gl.program_id(0)  # last blocks (most keys) first
         kv_head = gl.program_id(1)
         seq = _find_sequence(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
@@ -194,60 +243,37 @@ if HAS_GLUON:
         if local_block * BLOCK_Q >= q_len or q_len < min_query_len:
             return
         context_len = gl.load(seq_lens_ptr + seq) - q_len
-        first_q = context_len + local_block * BLOCK_Q  # the block's first query position
-        k_hi = context_len + gl.minimum(local_block * BLOCK_Q + BLOCK_Q, q_len)  # keys [0, k_hi) exist
+        first_q = context_len + local_block * BLOCK_Q
+        k_hi = context_len + gl.minimum(local_block * BLOCK_Q + BLOCK_Q, q_len)
         table = block_tables_ptr + seq.to(gl.int64) * bt_stride
-        kv_head_offset = kv_head * cache_stride_head
 
-        # q: gathered once (rows are token x head of the group), kept in shared memory.
-        rows = gl.arange(0, BLOCK_M, layout=l_rows)
-        dims = gl.arange(0, HEAD_DIM, layout=l_cols)
+        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, load_layout))
+        dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, load_layout))
         tok = local_block * BLOCK_Q + rows // GROUP
         head = kv_head * GROUP + rows % GROUP
         q_ptrs = query_ptr + (q_start + tok).to(gl.int64)[:, None] * q_stride_t + head[:, None] * q_stride_h + dims[None, :]
         q = gl.load(q_ptrs, mask=(tok < q_len)[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM, q)
+        fence_async_shared()
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_SMEM)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_SMEM)
-
-        # Tiles 0 .. STAGES - 3 in flight, one commit group each.
-        keys = gl.arange(0, TILE_N, layout=l_rows)
-        for t in gl.static_range(STAGES - 2):
-            k_pos = t * TILE_N + keys
-            _issue_tile(k_bufs, v_bufs, t, k_cache_ptr, v_cache_ptr, _tile_ids(table, k_pos, k_hi, BLOCK_SIZE), k_pos,
-                        k_hi, dims, kv_head_offset, cache_stride_block, cache_stride_slot, BLOCK_SIZE, HEAD_DIM)
-        next_ids = _tile_ids(table, (STAGES - 2) * TILE_N + keys, k_hi, BLOCK_SIZE)
-        async_copy.wait_group(STAGES - 3)  # tile 0 landed
-        gl.thread_barrier()
-        fence_async_shared()
-
-        zeros_s = gl.zeros([BLOCK_M, TILE_N], gl.float32, s_layout)
-        s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s, use_acc=False)
-        q_pos = first_q + gl.arange(0, BLOCK_M, layout=s_rows) // GROUP
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, s_rows)
-        p, alpha, m_i, l_i = _softmax_step(s, 0, first_q, q_pos, k_hi, m_i, gl.zeros([BLOCK_M], gl.float32, s_rows),
-                                           scale_log2, True, TILE_N, s_cols)
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-        # Step j computes tile j + 1's softmax: masked from the first tile that crosses the diagonal
-        # (two loops, so no branch sits between a wgmma and its wait: ptxas waits for every wgmma
-        # where control flow joins).
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
         n_tiles = gl.cdiv(k_hi, TILE_N)
-        n_open = gl.maximum(((first_q + 1) // TILE_N) - 1, 0)  # steps whose next tile every row sees in full
-        for j in range(0, n_open):
-            acc, p, alpha, m_i, l_i, next_ids = _step(
-                j, acc, p, alpha, m_i, l_i, next_ids, q_smem, k_bufs, v_bufs, k_cache_ptr, v_cache_ptr, table, keys,
-                k_hi, dims, kv_head_offset, cache_stride_block, cache_stride_slot, first_q, q_pos, scale_log2, zeros_s,
-                False, BLOCK_SIZE, HEAD_DIM, TILE_N, STAGES, o_rows, s_cols, p_layout)
-        for j in range(n_open, n_tiles):
-            acc, p, alpha, m_i, l_i, next_ids = _step(
-                j, acc, p, alpha, m_i, l_i, next_ids, q_smem, k_bufs, v_bufs, k_cache_ptr, v_cache_ptr, table, keys,
-                k_hi, dims, kv_head_offset, cache_stride_block, cache_stride_slot, first_q, q_pos, scale_log2, zeros_s,
-                True, BLOCK_SIZE, HEAD_DIM, TILE_N, STAGES, o_rows, s_cols, p_layout)
-        async_copy.wait_group(0)
+        n_open = gl.maximum(((first_q + 1) // TILE_N) - 1, 0)
+        acc, l_o = gl.warp_specialize([
+            (_ws_compute, (q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, n_tiles, n_open, scale_log2, GROUP,
+                           BLOCK_M, HEAD_DIM, TILE_N, STAGES)),
+            (_ws_loader, (k_desc, v_desc, k_bufs, v_bufs, ready, empty, table, k_hi, kv_head * HEAD_DIM, n_tiles,
+                          BLOCK_SIZE, TILE_N, BOX, STAGES)),
+        ], [1], [LOADER_REGS])
 
-        out = acc / gl.convert_layout(l_i, o_rows)[:, None]
-        rows_o = gl.arange(0, BLOCK_M, layout=o_rows)
-        dims_o = gl.arange(0, HEAD_DIM, layout=o_cols)
+        out = acc / l_o[:, None]
+        rows_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        dims_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         tok_o = local_block * BLOCK_Q + rows_o // GROUP
         head_o = kv_head * GROUP + rows_o % GROUP
         o_ptrs = out_ptr + (q_start + tok_o).to(gl.int64)[:, None] * o_stride_t + head_o[:, None] * o_stride_h + dims_o[None, :]
@@ -271,11 +297,14 @@ def hopper_prefill_attention(
     check_attention_inputs(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, None)
     if not supports(query, kv_cache, None):
         raise ValueError(f"hopper_prefill_attention: unsupported batch (dtype {query.dtype}, cache {kv_cache.dtype}, "
-                         f"head_dim {query.shape[2]}, device {query.device}); use prefill_attention.")
+                         f"head_dim {query.shape[2]}, block size {kv_cache.shape[2]}, device {query.device}); "
+                         "use prefill_attention.")
+    if stages < 3:
+        raise ValueError(f"hopper_prefill_attention: stages must be >= 3 (tiles j .. j + 2 in the ring), got {stages}.")
     if out is None:
         out = torch.empty_like(query)
     check_output(out, query)
-    check_same_device(_hopper_prefill_kernel, query=query, kv_cache=kv_cache, query_start_loc=query_start_loc,
+    check_same_device(_hopper_prefill_ws_kernel, query=query, kv_cache=kv_cache, query_start_loc=query_start_loc,
                       seq_lens=seq_lens, block_tables=block_tables, out=out)
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
@@ -284,18 +313,19 @@ def hopper_prefill_attention(
     group = num_heads // num_kv_heads
     block_q = BLOCK_M // group
     gl_dtype = gl.bfloat16 if query.dtype == torch.bfloat16 else gl.float16
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, kv_heads, dim], contiguous
+    rows, cols = k_cache.shape[0] * block_size, num_kv_heads * head_dim
+    kv_smem = gl.NVMMASharedLayout.get_default_for([TILE_N, head_dim], gl_dtype)
+    box = min(block_size, TILE_N)
+    k_desc, v_desc = (TensorDescriptor(cache.view(rows, cols), [rows, cols], [cols, 1], [box, head_dim], kv_smem)
+                      for cache in (k_cache, v_cache))
     num_q_blocks = num_tokens // block_q + num_seqs
-    _hopper_prefill_kernel[(num_q_blocks, num_kv_heads)](
-        out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        num_seqs, num_q_blocks, min_query_len, scale * LOG2_E,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+    _hopper_prefill_ws_kernel[(num_q_blocks, num_kv_heads)](
+        out, query, k_desc, v_desc, block_tables, seq_lens, query_start_loc, num_seqs, num_q_blocks, min_query_len,
+        scale * LOG2_E, query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=BLOCK_M, TILE_N=TILE_N,
-        STAGES=stages, Q_SMEM=gl.NVMMASharedLayout.get_default_for([BLOCK_M, head_dim], gl_dtype),
-        KV_SMEM=gl.NVMMASharedLayout.get_default_for([TILE_N, head_dim], gl_dtype),
-        num_warps=NUM_WARPS,
-    )
+        STAGES=stages, BOX=box, Q_SMEM=gl.NVMMASharedLayout.get_default_for([BLOCK_M, head_dim], gl_dtype),
+        KV_SMEM=kv_smem, LOADER_REGS=WS_LOADER_REGS, num_warps=NUM_WARPS, maxnreg=WS_MAXNREG)
     return out
 
 

@@ -1,8 +1,8 @@
 """The Gluon prefill kernel for Hopper (prefill_attention_hopper.py) against the torch reference.
 
 Gluon kernels do not run in Triton's interpreter: the numbers are checked on a Hopper GPU only;
-on the CPU the tests check what the kernel refuses and that the backend keeps it off by default
-(tests/kernels/test_compile_sm90.py compiles it for sm_90 on any machine).
+on the CPU the tests check what the kernel refuses, the backend's switch and its fallback to the
+Triton kernel (tests/kernels/test_compile_sm90.py compiles both variants for sm_90 on any machine).
 """
 
 from __future__ import annotations
@@ -36,16 +36,52 @@ def test_cpu_batches_are_refused_by_name():
                                         md.block_tables, md.num_seqs, 0.1)
 
 
-def test_backend_keeps_the_triton_kernel_unless_asked(monkeypatch):
+def test_backend_takes_the_gluon_kernel_unless_told_not_to(monkeypatch):
     from folio.attention.backends.triton_backend import TritonAttentionBackend
 
     monkeypatch.delenv("FOLIO_PREFILL_KERNEL", raising=False)
-    assert not TritonAttentionBackend().hopper_prefill
-    monkeypatch.setenv("FOLIO_PREFILL_KERNEL", "gluon")
     assert TritonAttentionBackend().hopper_prefill
+    monkeypatch.setenv("FOLIO_PREFILL_KERNEL", "triton")
+    assert not TritonAttentionBackend().hopper_prefill
     monkeypatch.setenv("FOLIO_PREFILL_KERNEL", "cuda")
     with pytest.raises(ValueError, match="FOLIO_PREFILL_KERNEL"):
         TritonAttentionBackend()
+
+
+def test_a_failing_gluon_kernel_falls_back_to_triton_once_and_says_so(monkeypatch, caplog):
+    """A Triton whose Gluon API differs fails when the kernel compiles: the batch still gets
+    attention (from the Triton kernel), the log says why, and later batches skip Gluon."""
+    import logging
+
+    import folio.attention.backends.triton_backend as tb
+    from folio.attention.backends.torch_ref import TorchAttentionBackend
+    from folio.kernels.paged_attention import TileConfig
+
+    monkeypatch.delenv("FOLIO_PREFILL_KERNEL", raising=False)
+    monkeypatch.setattr(tb, "PREFILL_MIN_QUERY_LEN", 16)
+    monkeypatch.setattr(hopper, "supports", lambda *a, **k: True)
+    calls = []
+
+    def broken(*a, **k):
+        calls.append(1)
+        raise TypeError("warpgroup_mma() got an unexpected keyword argument")
+
+    monkeypatch.setattr(hopper, "hopper_prefill_attention", broken)
+    real = tb.prefill_attention
+    monkeypatch.setattr(tb, "prefill_attention",
+                        lambda *a, config, **k: real(*a, **k, config=TileConfig(32, 16, 4, 2)))  # interpreter-sized
+    batch = make_paged_batch([20, 1], [50, 9], 4, 2, 16, 8, dtype=torch.bfloat16, seed=2)
+    cache = batch.kv_cache.clone()
+    TorchAttentionBackend().write_kv(batch.key, batch.value, cache, batch.metadata.slot_mapping)
+    backend = tb.TritonAttentionBackend()
+    with caplog.at_level(logging.WARNING, logger="folio"):
+        out = backend.forward(batch.query, cache, batch.metadata, 0.25)
+        again = backend.forward(batch.query, cache, batch.metadata, 0.25)
+    expected = TorchAttentionBackend().forward(batch.query, cache, batch.metadata, 0.25)
+    assert_close(out, expected, torch.bfloat16)
+    assert torch.equal(out, again)
+    assert calls == [1], "Gluon is tried once, then left alone"
+    assert "Gluon prefill kernel failed (TypeError" in caplog.text
 
 
 @pytest.mark.gpu
@@ -56,8 +92,7 @@ def test_backend_keeps_the_triton_kernel_unless_asked(monkeypatch):
     [
         ([40, 23, 1, 0, 17], [45, 23, 60, 0, 70], 16, 128, 16),  # chunks on context, a decode, padding
         ([300, 129], [300, 700], 32, 128, 16),  # GQA 4: 32-token q blocks, diagonal tiles mid-block
-        ([200], [333], 16, 64, 1),  # head_dim 64; a block per key (ids change inside a tile)
-        ([64, 65], [64, 1000], 8, 128, 4),  # MHA-like group 1: 128-token q blocks
+        ([64, 65, 300], [64, 1000, 333], 16, 128, 16),  # a q block ending mid-tile; 3 chunks
     ],
 )
 def test_matches_reference(dtype, q_lens, seq_lens, num_heads, head_dim, block_size):
@@ -67,6 +102,19 @@ def test_matches_reference(dtype, q_lens, seq_lens, num_heads, head_dim, block_s
     real, pad = batch.real_rows.cuda(), batch.padding_rows.cuda()
     assert_close(out[real], expected[real], dtype)
     assert out[pad].isnan().all(), "rows owned by no sequence must be left untouched"
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_shapes_not_run_on_a_gpu_yet_and_short_rings_are_refused():
+    for heads, head_dim, block_size in ((16, 128, 4), (16, 128, 32), (16, 64, 16), (8, 128, 16), (64, 128, 16)):
+        batch = make_paged_batch([300], [300], heads, 8, head_dim, block_size, dtype=torch.bfloat16, device="cuda")
+        assert not hopper.supports(batch.query, batch.kv_cache, None)  # the backend keeps the Triton kernel
+        with pytest.raises(ValueError, match="unsupported batch"):
+            _run(batch)
+    batch = make_paged_batch([300], [300], 16, 8, 128, 16, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="stages must be >= 3"):
+        _run(batch, stages=2)
 
 
 @pytest.mark.gpu
@@ -86,7 +134,8 @@ def test_full_size(stages, q_lens, seq_lens, num_heads):
 @needs_hopper
 def test_stale_non_finite_cache_slots_do_not_leak():
     """Slots past a sequence's end in its last block (a freed block's stale K/V) hold inf and NaN:
-    the masked loads must keep them out (P = 0 times a NaN V is still NaN)."""
+    whole-block TMA boxes read them, and the zeroed V rows must keep them out (P = 0 times a NaN V
+    is still NaN)."""
     batch = make_paged_batch([300, 200], [300, 711], 16, 8, 128, 16, dtype=torch.bfloat16, device="cuda", seed=9)
     md = batch.metadata
     for i, seq_len in enumerate(md.seq_lens_cpu):
@@ -114,11 +163,11 @@ def test_short_sequences_are_left_to_another_kernel():
 
 @pytest.mark.gpu
 @needs_hopper
-def test_backend_sends_long_chunks_here_when_asked(monkeypatch):
+def test_backend_sends_long_chunks_here(monkeypatch):
     from folio.attention.backends.torch_ref import TorchAttentionBackend
     from folio.attention.backends.triton_backend import TritonAttentionBackend
 
-    monkeypatch.setenv("FOLIO_PREFILL_KERNEL", "gluon")
+    monkeypatch.delenv("FOLIO_PREFILL_KERNEL", raising=False)
     calls = []
     real = hopper.hopper_prefill_attention
     monkeypatch.setattr(hopper, "hopper_prefill_attention", lambda *a, **k: calls.append(1) or real(*a, **k))

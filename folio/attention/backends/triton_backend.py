@@ -7,7 +7,10 @@
   PREFILL_MIN_QUERY_LEN, at most PREFILL_MAX_SEQS sequences), with MIXED_PREFILL_CONFIG's 64-row
   tiles when the batch is one chunk among many decodes (W1's mixed steps). Everything else
   (short queries, float32 models) goes to the unified kernel. FOLIO_PREFILL_ATTENTION=0 (or
-  prefill_kernel=False) keeps the unified kernel for all of it.
+  prefill_kernel=False) keeps the unified kernel for all of it. On Hopper the long chunks take the
+  Gluon kernel (prefill_attention_hopper.py: a loader warp, 6-12% faster, session 17) where it
+  supports the batch; FOLIO_PREFILL_KERNEL=triton keeps the Triton one, and a Gluon failure (a
+  Triton whose Gluon API differs) is logged once and falls back to it.
 
 forward never synchronises with the device: launch shapes come from host ints in the metadata
 (num_seqs, max_query_len, is_decode_only) and tensor shapes. For CUDA graphs of decode steps the
@@ -33,6 +36,9 @@ from folio.kernels.paged_decode import choose_num_splits, paged_decode
 from folio.kernels.prefill_attention import default_prefill_config, prefill_attention
 from folio.kernels.triton_compat import next_power_of_2, num_sms
 from folio.kernels.reshape_and_cache import reshape_and_cache
+from folio.logger import init_logger
+
+logger = init_logger(__name__)
 
 # Which tiles the prefill kernel takes (docs/perf-notes.md, "Prefill attention kernel", measured
 # on an H100): 128-row tiles run long chunks at 1.4-1.5x the unified kernel; in a mixed step
@@ -59,9 +65,9 @@ class TritonAttentionBackend(AttentionBackend):
         if prefill_kernel is None:
             prefill_kernel = os.environ.get("FOLIO_PREFILL_ATTENTION", "1") != "0"
         self.prefill_kernel = prefill_kernel
-        kernel = os.environ.get("FOLIO_PREFILL_KERNEL", "triton")
+        kernel = os.environ.get("FOLIO_PREFILL_KERNEL", "gluon")
         if kernel not in ("triton", "gluon"):
-            raise ValueError(f"FOLIO_PREFILL_KERNEL={kernel!r}: expected triton or gluon.")
+            raise ValueError(f"FOLIO_PREFILL_KERNEL={kernel!r}: expected gluon (the default) or triton.")
         self.hopper_prefill = kernel == "gluon"  # long chunks on Hopper: prefill_attention_hopper.py
 
     def write_kv(
@@ -99,7 +105,12 @@ class TritonAttentionBackend(AttentionBackend):
         if config is not None:
             if self.hopper_prefill and self.long_chunks(metadata) and prefill_attention_hopper.supports(
                     query, kv_cache, sliding_window):
-                return prefill_attention_hopper.hopper_prefill_attention(*args, scale, out=out)
+                try:
+                    return prefill_attention_hopper.hopper_prefill_attention(*args, scale, out=out)
+                except Exception as e:  # noqa: BLE001 - a Triton whose Gluon differs: keep serving
+                    self.hopper_prefill = False
+                    logger.warning("The Gluon prefill kernel failed (%s: %s); long prompt chunks use the Triton "
+                                   "kernel from now on.", type(e).__name__, e)
             return prefill_attention(*args, scale, sliding_window, out=out, config=config)
         return unified_attention(
             *args, metadata.max_query_len, scale, sliding_window, out=out, k_scale=k_scale, v_scale=v_scale
