@@ -57,7 +57,7 @@ BLOCK_M = 128  # rows a program: two warpgroups of 64
 TILE_N = 64  # keys a step
 STAGES = 4  # K/V buffers in the ring (measured: 4 and 6 alike, 5 slower)
 NUM_WARPS = 8  # the compute warps; the loader's warpgroup comes on top
-# Warp-specialised variant: 8 compute warps + a loader warpgroup share the register file, so the
+# 8 compute warps + the loader's warpgroup share the register file, so the
 # launch caps a thread at WS_MAXNREG (12 warps x 32 x 168 <= 65,536); the loader keeps
 # WS_LOADER_REGS and the compute warps take the rest (setmaxnreg).
 WS_MAXNREG = 168
