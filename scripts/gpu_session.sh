@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode latency-gap decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode latency-gap prefill-gluon decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -72,6 +72,13 @@ perf-tests) part perf-tests
 kernels-prefill) part kernels-prefill  # prefill kernel vs unified, and its tile sweep
   mkdir -p "$OUT/kprefill"; timeout 240 python3 -m folio.kernels.benchmark --only prefill --sweep \
     --out "$OUT/kprefill" 2>&1 | tail -56 ;;
+prefill-gluon) part prefill-gluon  # issue 11: the Gluon prefill (loader warp): GPU tests, kernel bench, TTFT Gluon vs Triton kernel on both models
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_prefill_attention_hopper.py 2>&1 | tail -3
+  timeout 200 python3 -m folio.kernels.benchmark --only prefill 2>&1 | grep -E "chunk|prefill 8x" | tail -24
+  for MK in $QWEN:triton $QWEN:gluon $QWEN:triton $QWEN:gluon $LLAMA:triton $LLAMA:gluon; do M=${MK%:*}; K=${MK#*:}
+    FOLIO_PREFILL_KERNEL=$K timeout 150 python3 -m folio bench latency --model $M --load-format dummy --dtype bfloat16 \
+      --prompt-lens 8192,30000 --batch-sizes "" 2>&1 | grep -E "^ttft" | sed "s/^/$K $(basename $M) /"
+  done ;;
 w1-tokenizer) part w1-tokenizer  # W1 Qwen3-0.6B with a 151,936-token tokenizer (detokenizing) vs without
   python3 -c "from folio.benchmarks.bench_tokenizer import build_bench_tokenizer as b; b(151936).save_pretrained('/tmp/bench-tok')"
   for TOK in "" "--tokenizer /tmp/bench-tok"; do

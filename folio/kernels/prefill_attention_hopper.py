@@ -73,9 +73,9 @@ def supports(query: torch.Tensor, kv_cache: torch.Tensor, sliding_window: int | 
     """Whether this kernel takes the batch: a Hopper GPU, a contiguous 16-bit cache of the query's
     dtype, no sliding window, and the shapes it has been run on a GPU with: head_dim 128, 16-token
     blocks (folio's default) and 2 or 4 query heads a KV head (Qwen3-0.6B, Llama-3.1-8B). The
-    kernel's code also takes other power-of-two groups up to BLOCK_M, blocks of 16-64 tokens or
-    multiples of 64 (_box_ids: up to 4 boxes a tile) and head_dim 64; those wait for a GPU run
-    before they are let in."""
+    kernel's code also takes other power-of-two groups up to BLOCK_M, blocks of 32 or 64 tokens or
+    multiples of 64 (_box_ids: up to 4 boxes a tile) and head_dim 64 (`_launch`); those wait for a
+    GPU run (tests/kernels/test_prefill_attention_hopper.py calls them) before they are let in."""
     if not (HAS_GLUON and query.is_cuda):
         return False
     if not _is_hopper(query.device.index if query.device.index is not None else torch.cuda.current_device()):
@@ -299,13 +299,22 @@ def hopper_prefill_attention(
         raise ValueError(f"hopper_prefill_attention: unsupported batch (dtype {query.dtype}, cache {kv_cache.dtype}, "
                          f"head_dim {query.shape[2]}, block size {kv_cache.shape[2]}, device {query.device}); "
                          "use prefill_attention.")
-    if stages < 3:
-        raise ValueError(f"hopper_prefill_attention: stages must be >= 3 (tiles j .. j + 2 in the ring), got {stages}.")
     if out is None:
         out = torch.empty_like(query)
     check_output(out, query)
     check_same_device(_hopper_prefill_ws_kernel, query=query, kv_cache=kv_cache, query_start_loc=query_start_loc,
                       seq_lens=seq_lens, block_tables=block_tables, out=out)
+    return _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scale, out, min_query_len,
+                   stages)
+
+
+def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scale, out, min_query_len,
+            stages) -> torch.Tensor:
+    """The launch without `supports`' shape gate (GPU tests of shapes not yet admitted call it):
+    any Hopper-resident 16-bit batch with head_dim 64 or 128, a power-of-two group <= BLOCK_M and
+    blocks of 16, 32, 64 or a multiple of 64 tokens."""
+    if stages < 3:
+        raise ValueError(f"hopper_prefill_attention: stages must be >= 3 (tiles j .. j + 2 in the ring), got {stages}.")
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     if num_tokens == 0 or num_seqs == 0:
@@ -317,6 +326,9 @@ def hopper_prefill_attention(
     rows, cols = k_cache.shape[0] * block_size, num_kv_heads * head_dim
     kv_smem = gl.NVMMASharedLayout.get_default_for([TILE_N, head_dim], gl_dtype)
     box = min(block_size, TILE_N)
+    if box < 16 or TILE_N % box or block_size % box or head_dim not in (64, 128):
+        raise ValueError(f"hopper_prefill_attention: block size {block_size} / head_dim {head_dim} not laid out "
+                         "(blocks of 16, 32, 64 or a multiple of 64 tokens; head_dim 64 or 128).")
     k_desc, v_desc = (TensorDescriptor(cache.view(rows, cols), [rows, cols], [cols, 1], [box, head_dim], kv_smem)
                       for cache in (k_cache, v_cache))
     num_q_blocks = num_tokens // block_q + num_seqs

@@ -119,6 +119,28 @@ def test_shapes_not_run_on_a_gpu_yet_and_short_rings_are_refused():
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize(
+    ("num_heads", "head_dim", "block_size"),
+    [(8, 128, 16), (64, 128, 16), (16, 64, 16), (16, 128, 32), (16, 128, 64), (32, 128, 128)],
+    ids=["group-1", "group-8", "head-dim-64", "block-32", "block-64", "block-128"],
+)
+def test_shapes_not_yet_admitted(num_heads, head_dim, block_size):
+    """The kernel's code on the shapes `supports` keeps out until a GPU run passes them (called
+    below the gate): when these pass on a Hopper GPU, supports() can let them in."""
+    batch = make_paged_batch([300, 129, 1], [300, 700, 40], num_heads, 8, head_dim, block_size, dtype=torch.bfloat16,
+                             device="cuda", pad_tokens=3, seed=num_heads + block_size)
+    md = batch.metadata
+    out = torch.full_like(batch.query, float("nan"))
+    hopper._launch(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs, 0.3,
+                   out, 0, hopper.STAGES)
+    expected = paged_attention_reference(batch.query, batch.kv_cache, md, 0.3)
+    real, pad = batch.real_rows.cuda(), batch.padding_rows.cuda()
+    assert_close(out[real], expected[real], torch.bfloat16)
+    assert out[pad].isnan().all()
+
+
+@pytest.mark.gpu
+@needs_hopper
 @pytest.mark.parametrize("stages", [4, 5])
 @pytest.mark.parametrize(("q_lens", "seq_lens"), [([8192], [8192]), ([4096], [20000])])
 @pytest.mark.parametrize("num_heads", [16, 32])  # Qwen3-0.6B (GQA 2), Llama-3.1-8B (GQA 4)
