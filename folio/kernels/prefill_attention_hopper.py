@@ -168,9 +168,10 @@ if HAS_GLUON:
     def _ws_step(j, acc, p, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos, scale_log2,
                  zeros_s, MASKED: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr, o_rows: gl.constexpr,
                  s_cols: gl.constexpr, p_layout: gl.constexpr, load_layout: gl.constexpr):
-        """_step with the tiles from the loader warp: wait for tile j + 1 on its mbarrier, and hand
-        tile j - 1's stage back (P(j-1) V(j-1) was waited for at the end of step j - 1; the barrier
-        and the arrive sit here, not there, so that ptxas keeps that wait after the softmax)."""
+        """Step j: wait for tile j + 1 on its mbarrier and for P(j-1) V(j-1), hand tile j - 1's stage
+        back (the wait, barrier and arrive sit here, not at the end of step j - 1, so that ptxas keeps
+        P V running under the softmax), then S(j+1) under the rescale and tile j + 1's softmax under
+        P(j) V(j), which is returned still running."""
         mbarrier.wait(ready.index((j + 1) % STAGES), ((j + 1) // STAGES) & 1)
         acc = warpgroup_mma_wait(0, deps=(acc,))  # P(j-1) V(j-1), left running under step j - 1's softmax
         gl.thread_barrier()  # both warpgroups are done with tile j - 1
@@ -228,7 +229,7 @@ if HAS_GLUON:
         BLOCK_M: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr, BOX: gl.constexpr,
         Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, LOADER_REGS: gl.constexpr,
     ):
-        """_hopper_prefill_kernel's programs with the K/V tiles brought by a loader warp (TMA boxes,
+        """prefill_attention.py's programs with the K/V tiles brought by a loader warp (TMA boxes,
         ready/empty mbarriers per ring stage) so the 8 compute warps never wait on a gather."""
         dtype: gl.constexpr = query_ptr.dtype.element_ty
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],

@@ -2,7 +2,7 @@
 
 Gluon kernels do not run in Triton's interpreter: the numbers are checked on a Hopper GPU only;
 on the CPU the tests check what the kernel refuses, the backend's switch and its fallback to the
-Triton kernel (tests/kernels/test_compile_sm90.py compiles both variants for sm_90 on any machine).
+Triton kernel (tests/kernels/test_compile_sm90.py compiles it for sm_90 on any machine).
 """
 
 from __future__ import annotations
