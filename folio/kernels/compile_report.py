@@ -263,7 +263,32 @@ def _inspect(name: str, case: str, kernel, dump: str | None) -> Report:
     mma = next((op for op in ("HGMMA", "QGMMA", "HMMA") if op in sass), "none")  # QGMMA: FP8 wgmma
     if mma in ("HGMMA", "QGMMA") and sass.count("WARPGROUP.DEPBAR") >= len(re.findall(r"\b[HQ]GMMA\.", sass)):
         mma += "-serial"  # ptxas waits on every wgmma (its C7514 note): no overlap with anything
+    if _wgmma_operand_races(sass):
+        mma += "-race"  # a register operand of an async wgmma overwritten before the wait retires it
     return Report(name, case, regs, stack, kernel.metadata.shared, wide, len(loads) - wide, mma, _pdl_order(sass))
+
+
+def _wgmma_operand_races(sass: str) -> int:
+    """Instructions that write a register of an in-flight wgmma's A operand (P in registers) before
+    the `WARPGROUP.DEPBAR.LE gsb0, 0x0` that retires it. ptxas does not guard those registers: the
+    kernel must keep the operand alive to the wait (a dep of warpgroup_mma_wait), or the softmax of
+    the next tile lands on P while the tensor cores still read it (NaN on the GPU, session 18)."""
+    lines = [line.split(";")[0] for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    races = 0
+    for i, line in enumerate(lines):
+        m = re.search(r"[HQ]GMMA\.\S+ R\d+, R(\d+), gdesc", line)
+        if not m:
+            continue
+        operand = {f"R{int(m.group(1)) + k}" for k in range(4)}
+        for later in lines[i + 1:]:
+            if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in later:
+                break
+            words = re.sub(r"^.*?\*/\s*(@!?U?P\w+\s+)?", "", later).split()
+            if len(words) > 1 and not re.match(r"[HQ]GMMA|ST|BRA|BAR|SYNCS|WARPGROUP", words[0]) \
+                    and words[1].rstrip(",") in operand:
+                races += 1
+                break
+    return races
 
 
 def _pdl_order(sass: str) -> str:

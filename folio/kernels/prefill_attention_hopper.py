@@ -61,6 +61,7 @@ NUM_WARPS = 8  # the compute warps; the loader's warpgroup comes on top
 # launch caps a thread at WS_MAXNREG (12 warps x 32 x 168 <= 65,536); the loader keeps
 # WS_LOADER_REGS and the compute warps take the rest (setmaxnreg).
 WS_MAXNREG = 168
+SMEM_BYTES = 232_448 - 1_024  # Hopper's shared memory a block, less room for the barriers
 WS_LOADER_REGS = 40
 
 
@@ -121,19 +122,28 @@ if HAS_GLUON:
     # ---- warp-specialised: a loader warp brings K/V by TMA, 8 warps compute ----------------------
     @gluon.jit
     def _box_ids(table, t, k_hi, BLOCK_SIZE: gl.constexpr, TILE_N: gl.constexpr, BOX: gl.constexpr):
-        """The blocks of tile t's TILE_N // BOX boxes (up to 4; unused ones repeat the first), 0 past
-        the sequence's blocks."""
+        """The blocks of tile t's TILE_N // BOX boxes (up to 8; unused ones repeat the first), 0 past
+        the sequence's blocks. All loads are issued before the loader's first TMA waits on one."""
         k0 = t * TILE_N
         id0 = gl.load(table + k0 // BLOCK_SIZE, mask=k0 < k_hi, other=0)
         id1 = id0
         id2 = id0
         id3 = id0
+        id4 = id0
+        id5 = id0
+        id6 = id0
+        id7 = id0
         if TILE_N // BOX > 1:
             id1 = gl.load(table + (k0 + BOX) // BLOCK_SIZE, mask=k0 + BOX < k_hi, other=0)
         if TILE_N // BOX > 2:
             id2 = gl.load(table + (k0 + 2 * BOX) // BLOCK_SIZE, mask=k0 + 2 * BOX < k_hi, other=0)
             id3 = gl.load(table + (k0 + 3 * BOX) // BLOCK_SIZE, mask=k0 + 3 * BOX < k_hi, other=0)
-        return id0, id1, id2, id3
+        if TILE_N // BOX > 4:
+            id4 = gl.load(table + (k0 + 4 * BOX) // BLOCK_SIZE, mask=k0 + 4 * BOX < k_hi, other=0)
+            id5 = gl.load(table + (k0 + 5 * BOX) // BLOCK_SIZE, mask=k0 + 5 * BOX < k_hi, other=0)
+            id6 = gl.load(table + (k0 + 6 * BOX) // BLOCK_SIZE, mask=k0 + 6 * BOX < k_hi, other=0)
+            id7 = gl.load(table + (k0 + 7 * BOX) // BLOCK_SIZE, mask=k0 + 7 * BOX < k_hi, other=0)
+        return id0, id1, id2, id3, id4, id5, id6, id7
 
     @gluon.jit
     def _ws_loader(k_desc, v_desc, k_bufs, v_bufs, ready, empty, table, k_hi, kv_col, n_tiles,
@@ -165,7 +175,7 @@ if HAS_GLUON:
         gl.thread_barrier()
 
     @gluon.jit
-    def _ws_step(j, acc, p, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos, scale_log2,
+    def _ws_step(j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos, scale_log2,
                  zeros_s, MASKED: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr, o_rows: gl.constexpr,
                  s_cols: gl.constexpr, p_layout: gl.constexpr, load_layout: gl.constexpr):
         """Step j: wait for tile j + 1 on its mbarrier and for P(j-1) V(j-1), hand tile j - 1's stage
@@ -173,7 +183,9 @@ if HAS_GLUON:
         P V running under the softmax), then S(j+1) under the rescale and tile j + 1's softmax under
         P(j) V(j), which is returned still running."""
         mbarrier.wait(ready.index((j + 1) % STAGES), ((j + 1) // STAGES) & 1)
-        acc = warpgroup_mma_wait(0, deps=(acc,))  # P(j-1) V(j-1), left running under step j - 1's softmax
+        # P(j-1) V(j-1), left running under step j - 1's softmax: p_prev's registers are its operand
+        # until here (a dep of the wait), so the softmax could not have written tile j's P over them
+        acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
         gl.thread_barrier()  # both warpgroups are done with tile j - 1
         mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1, pred=j > 0)
         if MASKED:
@@ -181,12 +193,11 @@ if HAS_GLUON:
         s_next = warpgroup_mma(q_smem, k_bufs.index((j + 1) % STAGES).permute((1, 0)), zeros_s, use_acc=False,
                                is_async=True)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-        pv = warpgroup_mma(p_op, v_bufs.index(j % STAGES), acc, is_async=True)
+        pv = warpgroup_mma(p, v_bufs.index(j % STAGES), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_next,))
-        p, alpha, m_i, l_i = _softmax_step(s, (j + 1) * TILE_N, first_q, q_pos, k_hi, m_i, l_i, scale_log2, MASKED,
-                                           TILE_N, s_cols)
-        return pv, p, alpha, m_i, l_i
+        p_next, alpha, m_i, l_i = _softmax_step(s, (j + 1) * TILE_N, first_q, q_pos, k_hi, m_i, l_i, scale_log2,
+                                                MASKED, TILE_N, s_cols)
+        return pv, gl.convert_layout(p_next.to(q_smem.dtype), p_layout), p, alpha, m_i, l_i
 
     @gluon.jit
     def _ws_compute(q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, n_tiles, n_open, scale_log2,
@@ -210,15 +221,17 @@ if HAS_GLUON:
         p, alpha, m_i, l_i = _softmax_step(s, 0, first_q, q_pos, k_hi, gl.full([BLOCK_M], float("-inf"), gl.float32,
                                            s_rows), gl.zeros([BLOCK_M], gl.float32, s_rows), scale_log2, True,
                                            TILE_N, s_cols)
+        p = gl.convert_layout(p.to(q_smem.dtype), p_layout)  # 16-bit from here: half the registers over the step
+        p_prev = p  # the operand of the P V in flight (none yet)
         for j in range(0, n_open):
-            acc, p, alpha, m_i, l_i = _ws_step(j, acc, p, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi,
-                                               first_q, q_pos, scale_log2, zeros_s, False, TILE_N, STAGES, o_rows,
-                                               s_cols, p_layout, load_layout)
+            acc, p, p_prev, alpha, m_i, l_i = _ws_step(j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready,
+                                                       empty, k_hi, first_q, q_pos, scale_log2, zeros_s, False, TILE_N,
+                                                       STAGES, o_rows, s_cols, p_layout, load_layout)
         for j in range(n_open, n_tiles):
-            acc, p, alpha, m_i, l_i = _ws_step(j, acc, p, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi,
-                                               first_q, q_pos, scale_log2, zeros_s, True, TILE_N, STAGES, o_rows,
-                                               s_cols, p_layout, load_layout)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
+            acc, p, p_prev, alpha, m_i, l_i = _ws_step(j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready,
+                                                       empty, k_hi, first_q, q_pos, scale_log2, zeros_s, True, TILE_N,
+                                                       STAGES, o_rows, s_cols, p_layout, load_layout)
+        acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
         return acc, gl.convert_layout(l_i, o_rows)
 
     @gluon.jit(do_not_specialize=["num_seqs", "num_q_blocks", "min_query_len"])
@@ -292,6 +305,7 @@ def hopper_prefill_attention(
     out: torch.Tensor | None = None,
     min_query_len: int = 0,
     stages: int = STAGES,
+    tile_n: int = TILE_N,
 ) -> torch.Tensor:
     """Causal paged attention of the sequences with >= min_query_len new tokens (prefill_attention's
     contract, no sliding window); rows of other sequences are left untouched in out."""
@@ -306,11 +320,11 @@ def hopper_prefill_attention(
     check_same_device(_hopper_prefill_ws_kernel, query=query, kv_cache=kv_cache, query_start_loc=query_start_loc,
                       seq_lens=seq_lens, block_tables=block_tables, out=out)
     return _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scale, out, min_query_len,
-                   stages)
+                   stages, tile_n)
 
 
 def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scale, out, min_query_len,
-            stages) -> torch.Tensor:
+            stages, tile_n=TILE_N) -> torch.Tensor:
     """The launch without `supports`' shape gate (GPU tests of shapes not yet admitted call it):
     any Hopper-resident 16-bit batch with head_dim 64 or 128, a power-of-two group <= BLOCK_M and
     blocks of 16, 32, 64 or a multiple of 64 tokens."""
@@ -325,9 +339,15 @@ def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, 
     gl_dtype = gl.bfloat16 if query.dtype == torch.bfloat16 else gl.float16
     k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, kv_heads, dim], contiguous
     rows, cols = k_cache.shape[0] * block_size, num_kv_heads * head_dim
-    kv_smem = gl.NVMMASharedLayout.get_default_for([TILE_N, head_dim], gl_dtype)
-    box = min(block_size, TILE_N)
-    if box < 16 or TILE_N % box or block_size % box or head_dim not in (64, 128):
+    if tile_n not in (64, 128):
+        raise ValueError(f"hopper_prefill_attention: tile_n must be 64 or 128, got {tile_n}.")
+    smem = (2 * stages * tile_n + BLOCK_M) * head_dim * query.element_size()
+    if smem > SMEM_BYTES:
+        raise ValueError(f"hopper_prefill_attention: {stages} stages of {tile_n} keys need {smem} bytes of shared "
+                         f"memory, more than Hopper's {SMEM_BYTES}.")
+    kv_smem = gl.NVMMASharedLayout.get_default_for([tile_n, head_dim], gl_dtype)
+    box = min(block_size, tile_n)
+    if box < 16 or tile_n % box or block_size % box or head_dim not in (64, 128):
         raise ValueError(f"hopper_prefill_attention: block size {block_size} / head_dim {head_dim} not laid out "
                          "(blocks of 16, 32, 64 or a multiple of 64 tokens; head_dim 64 or 128).")
     k_desc, v_desc = (TensorDescriptor(cache.view(rows, cols), [rows, cols], [cols, 1], [box, head_dim], kv_smem)
@@ -336,7 +356,7 @@ def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, 
     _hopper_prefill_ws_kernel[(num_q_blocks, num_kv_heads)](
         out, query, k_desc, v_desc, block_tables, seq_lens, query_start_loc, num_seqs, num_q_blocks, min_query_len,
         scale * LOG2_E, query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=BLOCK_M, TILE_N=TILE_N,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=BLOCK_M, TILE_N=tile_n,
         STAGES=stages, BOX=box, Q_SMEM=gl.NVMMASharedLayout.get_default_for([BLOCK_M, head_dim], gl_dtype),
         KV_SMEM=kv_smem, LOADER_REGS=WS_LOADER_REGS, num_warps=NUM_WARPS, maxnreg=WS_MAXNREG)
     return out

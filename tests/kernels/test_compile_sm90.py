@@ -26,6 +26,14 @@ def _report(*args: str) -> list[list[str]]:
     return [line.split() for line in proc.stdout.splitlines() if line.startswith("_")]
 
 
+def _child_prints(code: str) -> list[str]:
+    """The words `code` prints in a child process (importing compile_report turns the interpreter
+    off for later imports, so the check cannot run in this one)."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.split()
+
+
 def test_every_kernel_compiles_for_sm90_without_spills():
     rows = _report()
     kernels = {row[0] for row in rows}
@@ -80,6 +88,20 @@ def test_pdl_order_reads_the_sass():
         "print(f('LDG.E.128 R4, [R2]\\nACQBULK ;\\nSTG.E [R6], R4'), f('ACQBULK ;\\nLDG.E R4, [R2]'),\n"
         "      f('STG.E [R6], R4\\nACQBULK ;'), f('LDG.E R4, [R2]\\nSTG.E [R6], R4'))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["ld+wait", "wait", "STORE", "-"]
+    assert _child_prints(code) == ["ld+wait", "wait", "STORE", "-"]
+
+
+def test_wgmma_operand_races_read_the_sass():
+    """A write to an in-flight wgmma's A registers before the wait that retires it is a race (the
+    Gluon prefill's NaN of session 18); after the wait, or to other registers, it is not."""
+    hgmma = "/*0010*/ HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88, gsb0 ;"
+    wait = "/*0030*/ WARPGROUP.DEPBAR.LE gsb0, 0x0 ;"
+    code = (
+        "from folio.kernels.compile_report import _wgmma_operand_races as f\n"
+        f"h, w = {hgmma!r}, {wait!r}\n"
+        "print(f(h + '\\n/*0020*/ FSEL R154, R92, -INF , !P0 ;\\n' + w),\n"
+        "      f(h + '\\n' + w + '\\n/*0040*/ FSEL R154, R92, -INF , !P0 ;'),\n"
+        "      f(h + '\\n/*0020*/ FSEL R156, R92, -INF , !P0 ;\\n' + w),\n"
+        "      f(h + '\\n/*0020*/ @!P0 MOV R152, R3 ;\\n' + w))\n"
+    )
+    assert _child_prints(code) == ["1", "0", "0", "1"]

@@ -19,11 +19,15 @@ needs_hopper = pytest.mark.skipif(
     reason="needs a Hopper GPU and Triton's Gluon")
 
 
-def _run(batch, scale=0.3, min_query_len=0, stages=hopper.STAGES):
+TILES = [(64, 4), (128, 3)]  # (keys a step, ring stages): the two shapes measured on the GPU
+
+
+def _run(batch, scale=0.3, min_query_len=0, stages=hopper.STAGES, tile_n=hopper.TILE_N):
     md = batch.metadata
     out = torch.full_like(batch.query, float("nan"))  # poison: every row it owns must be written
     hopper.hopper_prefill_attention(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables,
-                                    md.num_seqs, scale, out=out, min_query_len=min_query_len, stages=stages)
+                                    md.num_seqs, scale, out=out, min_query_len=min_query_len, stages=stages,
+                                    tile_n=tile_n)
     return out, paged_attention_reference(batch.query, batch.kv_cache, md, scale)
 
 
@@ -86,6 +90,7 @@ def test_a_failing_gluon_kernel_falls_back_to_triton_once_and_says_so(monkeypatc
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize(("tile_n", "stages"), TILES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     ("q_lens", "seq_lens", "num_heads", "head_dim", "block_size"),
@@ -95,10 +100,10 @@ def test_a_failing_gluon_kernel_falls_back_to_triton_once_and_says_so(monkeypatc
         ([64, 65, 300], [64, 1000, 333], 16, 128, 16),  # a q block ending mid-tile; 3 chunks
     ],
 )
-def test_matches_reference(dtype, q_lens, seq_lens, num_heads, head_dim, block_size):
+def test_matches_reference(tile_n, stages, dtype, q_lens, seq_lens, num_heads, head_dim, block_size):
     batch = make_paged_batch(q_lens, seq_lens, num_heads, 8, head_dim, block_size, dtype=dtype, device="cuda",
                              pad_tokens=3, seed=len(q_lens) + head_dim)
-    out, expected = _run(batch)
+    out, expected = _run(batch, stages=stages, tile_n=tile_n)
     real, pad = batch.real_rows.cuda(), batch.padding_rows.cuda()
     assert_close(out[real], expected[real], dtype)
     assert out[pad].isnan().all(), "rows owned by no sequence must be left untouched"
@@ -115,16 +120,21 @@ def test_shapes_not_run_on_a_gpu_yet_and_short_rings_are_refused():
     batch = make_paged_batch([300], [300], 16, 8, 128, 16, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="stages must be >= 3"):
         _run(batch, stages=2)
+    with pytest.raises(ValueError, match="shared memory"):
+        _run(batch, stages=4, tile_n=128)
+    with pytest.raises(ValueError, match="tile_n must be"):
+        _run(batch, tile_n=32)
 
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize(("tile_n", "stages"), TILES)
 @pytest.mark.parametrize(
     ("num_heads", "head_dim", "block_size"),
     [(8, 128, 16), (64, 128, 16), (16, 64, 16), (16, 128, 32), (16, 128, 64), (32, 128, 128)],
     ids=["group-1", "group-8", "head-dim-64", "block-32", "block-64", "block-128"],
 )
-def test_shapes_not_yet_admitted(num_heads, head_dim, block_size):
+def test_shapes_not_yet_admitted(tile_n, stages, num_heads, head_dim, block_size):
     """The kernel's code on the shapes `supports` keeps out until a GPU run passes them (called
     below the gate): when these pass on a Hopper GPU, supports() can let them in."""
     batch = make_paged_batch([300, 129, 1], [300, 700, 40], num_heads, 8, head_dim, block_size, dtype=torch.bfloat16,
@@ -132,7 +142,7 @@ def test_shapes_not_yet_admitted(num_heads, head_dim, block_size):
     md = batch.metadata
     out = torch.full_like(batch.query, float("nan"))
     hopper._launch(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs, 0.3,
-                   out, 0, hopper.STAGES)
+                   out, 0, stages, tile_n)
     expected = paged_attention_reference(batch.query, batch.kv_cache, md, 0.3)
     real, pad = batch.real_rows.cuda(), batch.padding_rows.cuda()
     assert_close(out[real], expected[real], torch.bfloat16)
@@ -141,20 +151,21 @@ def test_shapes_not_yet_admitted(num_heads, head_dim, block_size):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("stages", [4, 5])
+@pytest.mark.parametrize(("tile_n", "stages"), TILES + [(64, 5)])
 @pytest.mark.parametrize(("q_lens", "seq_lens"), [([8192], [8192]), ([4096], [20000])])
 @pytest.mark.parametrize("num_heads", [16, 32])  # Qwen3-0.6B (GQA 2), Llama-3.1-8B (GQA 4)
-def test_full_size(stages, q_lens, seq_lens, num_heads):
+def test_full_size(tile_n, stages, q_lens, seq_lens, num_heads):
     batch = make_paged_batch(q_lens, seq_lens, num_heads, 8, 128, 16, dtype=torch.bfloat16, device="cuda",
                              pad_tokens=5)
-    out, expected = _run(batch, scale=128**-0.5, stages=stages)
+    out, expected = _run(batch, scale=128**-0.5, stages=stages, tile_n=tile_n)
     real = batch.real_rows.cuda()
     assert_close(out[real], expected[real], torch.bfloat16)
 
 
 @pytest.mark.gpu
 @needs_hopper
-def test_stale_non_finite_cache_slots_do_not_leak():
+@pytest.mark.parametrize(("tile_n", "stages"), TILES)
+def test_stale_non_finite_cache_slots_do_not_leak(tile_n, stages):
     """Slots past a sequence's end in its last block (a freed block's stale K/V) hold inf and NaN:
     whole-block TMA boxes read them, and the zeroed V rows must keep them out (P = 0 times a NaN V
     is still NaN)."""
@@ -164,7 +175,7 @@ def test_stale_non_finite_cache_slots_do_not_leak():
         last = int(md.block_tables[i, (seq_len - 1) // 16])
         batch.kv_cache[:, last, seq_len % 16 or 16:] = float("nan")
         batch.kv_cache[1, last, seq_len % 16 or 16:, :, ::3] = float("inf")
-    out, expected = _run(batch)
+    out, expected = _run(batch, stages=stages, tile_n=tile_n)
     assert_close(out, expected, torch.bfloat16)
 
 
