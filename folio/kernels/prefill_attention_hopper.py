@@ -16,15 +16,18 @@ shared memory for the whole loop, tiles the block sees in full unmasked and the 
   then tile j+1's softmax runs under P(j) V(j), which step j+1 waits for before handing tile j's
   stage back. Whole-block boxes read stale slots past a chunk's end: masked steps zero those V
   rows in shared memory (their P is 0; 0 x a non-finite stale V would still be NaN).
-  Measured (H100, session 17): 6-12% faster than the Triton kernel on 8k chunks, TTFT of the 0.6B
-  36 vs 39-40 ms (8k) and 279-281 vs 307-315 ms (30k).
+  Measured (H100, sessions 17-18): 9-15% faster than the Triton kernel on 8k chunks, TTFT of the
+  0.6B 35-36 vs 39-40 ms (8k) and 273-281 vs 307-315 ms (30k). P is packed to 16 bits right after
+  the softmax and named in the next wait's deps (ptxas does not guard an async wgmma's register
+  operand: without the dep, the next softmax overwrote P under the running P V).
   (Session 17 also measured an all-warps cp.async version with the same step: no faster than
   the Triton kernel; and TMA issued by every warp behind a CTA barrier: slower. Both removed.)
 
-bf16 / fp16 caches of the query's dtype, head_dim 128, 16-token blocks, 2 or 4 query heads a KV
-head, no sliding window (`supports`); the backend sends other batches to the Triton kernel, and `FOLIO_PREFILL_KERNEL=triton`
-sends all of them (triton_backend.py). Gluon kernels do not run in Triton's interpreter: the CPU
-tests check the dispatch, tests/kernels/test_compile_sm90.py compiles it for sm_90.
+bf16 / fp16 caches of the query's dtype, head_dim 128, blocks of 16-128 tokens, 1-8 query heads a
+KV head, no sliding window (`supports`); the backend sends other batches to the Triton kernel, and
+`FOLIO_PREFILL_KERNEL=triton` sends all of them (triton_backend.py). Gluon kernels do not run in
+Triton's interpreter: the CPU tests check the dispatch, tests/kernels/test_compile_sm90.py compiles
+it for sm_90 (and fails on a serialized wgmma or a write to an in-flight wgmma's register operand).
 """
 
 from __future__ import annotations
@@ -70,22 +73,25 @@ def _is_hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] == 9
 
 
+ADMITTED_GROUPS = (1, 2, 4, 8)  # query heads a KV head, run on the GPU (session 18)
+ADMITTED_BLOCKS = (16, 32, 64, 128)  # tokens a KV block, run on the GPU (session 18)
+
+
 def supports(query: torch.Tensor, kv_cache: torch.Tensor, sliding_window: int | None) -> bool:
     """Whether this kernel takes the batch: a Hopper GPU, a contiguous 16-bit cache of the query's
-    dtype, no sliding window, and the shapes it has been run on a GPU with: head_dim 128, 16-token
-    blocks (folio's default) and 2 or 4 query heads a KV head (Qwen3-0.6B, Llama-3.1-8B). The
-    kernel's code also takes other power-of-two groups up to BLOCK_M, blocks of 32 or 64 tokens or
-    multiples of 64 (_box_ids: up to 4 boxes a tile) and head_dim 64 (`_launch`); those wait for a
-    GPU run (tests/kernels/test_prefill_attention_hopper.py calls them) before they are let in."""
+    dtype, no sliding window, and the shapes that passed the GPU tests and measured faster than
+    the Triton kernel (session 18, H100, 8k chunks: 9-15% faster): head_dim 128, 1, 2, 4 or 8
+    query heads a KV head, blocks of 16, 32, 64 or 128 tokens. head_dim 64 is correct but 4-17%
+    slower than the Triton kernel, so it stays there (`_launch` still takes it, for the tests)."""
     if not (HAS_GLUON and query.is_cuda):
         return False
     if not _is_hopper(query.device.index if query.device.index is not None else torch.cuda.current_device()):
         return False
     num_heads, head_dim = query.shape[1], query.shape[2]
-    group, block_size = num_heads // kv_cache.shape[3], kv_cache.shape[2]
+    num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     return (query.dtype in (torch.float16, torch.bfloat16) and kv_cache.dtype == query.dtype
-            and head_dim == 128 and block_size == 16 and group in (2, 4) and not sliding_window
-            and kv_cache[0].is_contiguous())
+            and head_dim == 128 and block_size in ADMITTED_BLOCKS and num_heads % num_kv_heads == 0
+            and num_heads // num_kv_heads in ADMITTED_GROUPS and not sliding_window and kv_cache[0].is_contiguous())
 
 
 if HAS_GLUON:
