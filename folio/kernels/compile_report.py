@@ -163,11 +163,26 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
         if prefill_attention_hopper.HAS_GLUON:
             prefill_attention_hopper.hopper_prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1)
             cases.append("prefill Gluon, loader warp")
+            cases += _launch_gluon_shapes(dtype, qsl, lens, tables, seqs)
     vocab = 151936  # structured outputs: the grammar mask works on float32 logits whatever the dtype
     apply_token_bitmask_triton(torch.zeros(t, vocab), torch.zeros(t, (vocab + 31) // 32, dtype=torch.int32),
                                torch.arange(t))
     cases.append("grammar mask vocab 151936")
     return cases + _launch_lora(dtype)
+
+
+def _launch_gluon_shapes(dtype: torch.dtype, qsl, lens, tables, seqs) -> list[str]:
+    """The Gluon prefill at the other shapes `supports` admits: ptxas allocates registers per
+    shape, so each one is checked for serialized wgmma and for races on P's registers."""
+    from folio.kernels import prefill_attention_hopper
+
+    cases = []
+    for heads, kv_heads, block in ((8, 8, 16), (32, 8, 16), (64, 8, 16), (32, 8, 128)):
+        q = torch.zeros(256, heads, DIM, dtype=dtype)
+        kv = torch.zeros(2, 64, block, kv_heads, DIM, dtype=dtype)
+        prefill_attention_hopper.hopper_prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1)
+        cases.append(f"Gluon GQA {heads // kv_heads}, block {block}")
+    return cases
 
 
 def _launch_decode_extras(dtype: torch.dtype, q: torch.Tensor, kv: torch.Tensor, t: int) -> list[str]:
