@@ -40,6 +40,18 @@ def test_cpu_batches_are_refused_by_name():
                                         md.block_tables, md.num_seqs, 0.1)
 
 
+@pytest.mark.skipif(not hopper.HAS_GLUON, reason="needs Triton's Gluon")
+@pytest.mark.parametrize(("stages", "tile_n", "message"), [
+    (2, 64, "stages must be >= 3"), (4, 32, "tile_n must be 64 or 128"), (4, 128, "4 stages of 128 keys need 294912 bytes of shared memory"),
+])
+def test_launch_refuses_rings_that_cannot_work_before_compiling(stages, tile_n, message):
+    batch = make_paged_batch([300], [300], 16, 8, 128, 16, dtype=torch.bfloat16)
+    md = batch.metadata
+    with pytest.raises(ValueError, match=message):
+        hopper._launch(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs,
+                       0.1, torch.empty_like(batch.query), 0, stages, tile_n)
+
+
 def test_backend_takes_the_gluon_kernel_unless_told_not_to(monkeypatch):
     from folio.attention.backends.triton_backend import TritonAttentionBackend
 
