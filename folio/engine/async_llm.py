@@ -51,7 +51,7 @@ from folio.engine.state_reads import StateReads
 from folio.logger import init_logger
 from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
-from folio.sampling_params import SamplingParams
+from folio.sampling_params import RequestOutputKind, SamplingParams
 
 logger = init_logger(__name__)
 
@@ -195,7 +195,9 @@ class AsyncLLM:
         `.param` for a SamplingParamsError), QueueFullError, or EngineDeadError.
         """
         self._check_accepting(request_id)
-        stream = RequestStream(request_id, self._abort)
+        # (beam search's params have no output kind: its one output comes when it finishes)
+        cumulative = getattr(params, "output_kind", None) == RequestOutputKind.CUMULATIVE
+        stream = RequestStream(request_id, self._abort, cumulative=cumulative)
         future = self._loop.create_future()
         self._streams[request_id] = stream
         self._pending[request_id] = future
@@ -328,8 +330,12 @@ class AsyncLLM:
         self._stats = message.stats
         self.metrics.record_stats(message.stats)
         # An output of a request aborted since the step (its caller gone) would recreate the
-        # per-request tallies the abort removed, and nothing would remove them again.
-        outputs = [o for o in message.outputs if o.request_id in self._streams]
+        # per-request tallies the abort removed, and nothing would remove them again. An output
+        # under an id whose add is not yet accepted is an aborted namesake's: the engine answers
+        # an add (Accepted) before any step that runs it, and a reused id must not get the old
+        # request's tokens (or its end).
+        pending = self._pending
+        outputs = [o for o in message.outputs if o.request_id in self._streams and o.request_id not in pending]
         if outputs or message.seconds:
             self.metrics.record_step(outputs, message.seconds)
         if self.history is not None:
@@ -342,6 +348,8 @@ class AsyncLLM:
             if output.finished:
                 del self._streams[output.request_id]
         for request_id, reason in message.failed.items():
+            if request_id in pending:
+                continue  # the aborted namesake's failure, not this request's
             self.metrics.record_abort(request_id)
             stream = self._streams.pop(request_id, None)
             if stream is not None:

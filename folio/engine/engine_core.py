@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from folio.config import ModelConfig
 from folio.engine.engine_loop import (
     AbortCommand,
+    Accepted,
     AddCommand,
     Died,
     EngineLoop,
@@ -217,12 +218,14 @@ class EngineProcess:
                     decode = self._wire.decode
                     message = replace(message, outputs=[decode(o) for o in message.outputs])
                     for request_id in message.failed:
-                        self._wire.forget(request_id)
+                        self._wire.failed(request_id)
                 except Exception as e:  # a reader that died silently would leave every request waiting
                     logger.exception("Could not decode the engine process's step.")
                     deliver(Died(f"The server could not read the engine's output ({type(e).__name__}: {e}); "
                                  "restart the server."))
                     return
+            elif isinstance(message, Accepted):
+                self._wire.accepted([request_id for request_id, _, _ in message.results])
             deliver(message)
             if isinstance(message, (Stopped, Died)):
                 return

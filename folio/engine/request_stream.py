@@ -2,7 +2,7 @@
 
 AsyncLLM (engine/async_llm.py) puts each of a request's RequestOutputs (or the error that ends
 it) into its stream; a handler that reads slower than the engine steps gets the outputs that
-piled up as one (merge_outputs: DELTA outputs concatenate).
+piled up as one (merge_outputs: DELTA outputs concatenate, CUMULATIVE ones keep the latest).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ class RequestStream:
     drop the request and free its KV blocks.
     """
 
-    def __init__(self, request_id: str, on_abort) -> None:
+    def __init__(self, request_id: str, on_abort, cumulative: bool = False) -> None:
         self.request_id = request_id
+        self.cumulative = cumulative  # each output holds everything so far (RequestOutputKind.CUMULATIVE)
         self.finished = False
         self._items: deque[RequestOutput | BaseException] = deque()
         self._ready = asyncio.Event()
@@ -59,21 +60,22 @@ class RequestStream:
             if isinstance(item, BaseException):
                 self.finished = True
                 raise item
-        output = merge_outputs(items)
+        output = merge_outputs(items, self.cumulative)
         if output.finished:
             self.finished = True
         return output
 
 
-def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
-    """Fold consecutive DELTA outputs of one request into one (FINAL_ONLY has only one)."""
+def merge_outputs(outputs: list[RequestOutput], cumulative: bool = False) -> RequestOutput:
+    """Fold consecutive outputs of one request into one: DELTA completions concatenate, a
+    CUMULATIVE completion already holds what came before and replaces it (FINAL_ONLY has one)."""
     if len(outputs) == 1:
         return outputs[0]
     by_index: dict[int, CompletionOutput] = {}
     for output in outputs:
         for c in output.outputs:
             seen = by_index.get(c.index)
-            by_index[c.index] = c if seen is None else _concat(seen, c)
+            by_index[c.index] = c if seen is None or cumulative else _concat(seen, c)
     return replace(
         outputs[-1],
         outputs=[by_index[i] for i in sorted(by_index)],

@@ -76,23 +76,42 @@ class WireEncoder:
 
 class WireDecoder:
     """The server's side: records back into RequestOutputs. add() each request as it is sent to
-    the engine and forget() it when it is aborted or failed; a finished output forgets it too."""
+    the engine, accepted() it when the engine's answer comes back, and forget() it when it is
+    aborted or failed; a finished output forgets it too.
+
+    A record under an id that is added but not yet accepted belongs to an aborted request of
+    the same name (the engine answers an add before any step that runs it): it is decoded
+    without touching the new request's state, and AsyncLLM drops it."""
 
     def __init__(self) -> None:
         # request id -> [prompt, prompt token ids, arrival, first scheduled, first token time,
         # cached tokens], the last four as of the request's latest full record.
         self._requests: dict[str, list] = {}
+        self._unaccepted: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._requests)
 
     def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int]) -> None:
         self._requests[request_id] = [prompt, prompt_token_ids, None, None, None, 0]
+        self._unaccepted.add(request_id)
+
+    def accepted(self, request_ids: list[str]) -> None:
+        self._unaccepted.difference_update(request_ids)
 
     def forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
+        self._unaccepted.discard(request_id)
+
+    def failed(self, request_id: str) -> None:
+        """The engine dropped the request (an error in its step): forget it, unless the id is an
+        added, not yet accepted namesake's (the failure is the aborted one's)."""
+        if request_id not in self._unaccepted:
+            self._requests.pop(request_id, None)
 
     def decode(self, record: tuple) -> RequestOutput:
+        if record[0] in self._unaccepted:  # an aborted namesake's late record
+            return self._stale(record)
         if len(record) == STREAMED_RECORD_LEN:
             return self._streamed(record)
         request_id, completions, finished, metrics, num_cached_tokens, prompt_logprobs = record
@@ -103,6 +122,16 @@ class WireDecoder:
             known[2:] = metrics[0], metrics[1], metrics[2], num_cached_tokens
         return RequestOutput(request_id, known[0], known[1], prompt_logprobs, [CompletionOutput(*c) for c in completions],
                              finished, RequestMetrics(*metrics) if metrics is not None else None, num_cached_tokens)
+
+    def _stale(self, record: tuple) -> RequestOutput:
+        """A record decoded as if its request were unknown (AsyncLLM drops it)."""
+        if len(record) == STREAMED_RECORD_LEN:
+            request_id, text, token_ids, finish, now = record
+            completions = [CompletionOutput(0, text, token_ids, None, None, *(finish or ()))]
+            return RequestOutput(request_id, None, [], None, completions, finish is not None, None, 0)
+        request_id, completions, finished, _, num_cached_tokens, _ = record
+        return RequestOutput(request_id, None, [], None, [CompletionOutput(*c) for c in completions], finished, None,
+                             num_cached_tokens)
 
     def _streamed(self, record: tuple) -> RequestOutput:
         request_id, text, token_ids, finish, now = record

@@ -62,6 +62,7 @@ def _register(processor: OutputProcessor, decoder: WireDecoder | None) -> dict[s
         processor.add_request(name, "a prompt", PROMPT, params, ids, children, 1.0)
         if decoder is not None:
             decoder.add(name, "a prompt", PROMPT)
+            decoder.accepted([name])  # the engine answered the add
         core_ids[name] = ids
     return core_ids
 
@@ -135,6 +136,7 @@ def test_the_first_output_goes_in_full_and_a_failure_still_fails_the_request_alo
     decoder, encoder = WireDecoder(), WireEncoder()
     processor.add_request("r", None, PROMPT, _params(), ["r"], [_params()], 1.0)
     decoder.add("r", None, PROMPT)
+    decoder.accepted(["r"])
     for step in range(3):
         outputs, _ = processor.process_outputs([EngineCoreOutput("r", [40 + step], num_cached_tokens=1)])
         (record,) = encoder.encode(outputs)
@@ -169,6 +171,7 @@ def test_a_real_engine_streams_records_that_decode_to_its_outputs(tmp_path_facto
         for engine in (plain, wired):
             engine.add_request(name, prompt, params)
         decoder.add(name, prompt["prompt"], plain.output_processor.requests[name].prompt_token_ids)
+        decoder.accepted([name])
     streamed, sent = 0, set()
     while plain.has_unfinished_requests():
         expected = _as_sent(plain.step(), sent)

@@ -51,3 +51,24 @@ def test_a_stream_yields_merged_outputs_then_stops_and_aborts_only_if_unfinished
     first, last = asyncio.run(main())
     assert first.outputs[0].text == "ab" and last.outputs[0].text == "c" and last.finished
     assert aborted == ["l"]
+
+
+def test_cumulative_outputs_that_queued_up_arrive_as_the_latest_not_concatenated():
+    """A CUMULATIVE output already holds everything before it (AsyncLLM's default kind): two that
+    piled up must give the second, not the first's tokens twice."""
+    def cumulative(index, text, ids, finish=None):
+        return _delta(index, text, ids, finish)
+
+    queued = [cumulative(0, "a", [1]), cumulative(1, "x", [7]), cumulative(0, "ab", [1, 2]),
+              cumulative(0, "abc", [1, 2, 3], "stop")]
+    merged = merge_outputs(queued, cumulative=True)
+    assert [(c.index, c.text, c.token_ids) for c in merged.outputs] == [(0, "abc", [1, 2, 3]), (1, "x", [7])]
+    assert merged.finished and merged.outputs[0].finish_reason == "stop"
+
+    async def main():
+        stream = RequestStream("r", lambda _: None, cumulative=True)
+        for output in (queued[0], queued[2], queued[3]):
+            stream.put(output)
+        return await anext(stream)
+
+    assert asyncio.run(main()).outputs[0].token_ids == [1, 2, 3]
