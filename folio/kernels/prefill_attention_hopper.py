@@ -181,9 +181,9 @@ if HAS_GLUON:
         gl.thread_barrier()
 
     @gluon.jit
-    def _ws_step(j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos, scale_log2,
-                 zeros_s, MASKED: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr, o_rows: gl.constexpr,
-                 s_cols: gl.constexpr, p_layout: gl.constexpr, load_layout: gl.constexpr):
+    def _ws_step(j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos,
+                 scale_log2, zeros_s, MASKED: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
+                 o_rows: gl.constexpr, s_cols: gl.constexpr, p_layout: gl.constexpr, load_layout: gl.constexpr):
         """Step j: wait for tile j + 1 on its mbarrier and for P(j-1) V(j-1), hand tile j - 1's stage
         back (the wait, barrier and arrive sit here, not at the end of step j - 1, so that ptxas keeps
         P V running under the softmax), then S(j+1) under the rescale and tile j + 1's softmax under
@@ -230,13 +230,13 @@ if HAS_GLUON:
         p = gl.convert_layout(p.to(q_smem.dtype), p_layout)  # 16-bit from here: half the registers over the step
         p_prev = p  # the operand of the P V in flight (none yet)
         for j in range(0, n_open):
-            acc, p, p_prev, alpha, m_i, l_i = _ws_step(j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready,
-                                                       empty, k_hi, first_q, q_pos, scale_log2, zeros_s, False, TILE_N,
-                                                       STAGES, o_rows, s_cols, p_layout, load_layout)
+            acc, p, p_prev, alpha, m_i, l_i = _ws_step(
+                j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos,
+                scale_log2, zeros_s, False, TILE_N, STAGES, o_rows, s_cols, p_layout, load_layout)
         for j in range(n_open, n_tiles):
-            acc, p, p_prev, alpha, m_i, l_i = _ws_step(j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready,
-                                                       empty, k_hi, first_q, q_pos, scale_log2, zeros_s, True, TILE_N,
-                                                       STAGES, o_rows, s_cols, p_layout, load_layout)
+            acc, p, p_prev, alpha, m_i, l_i = _ws_step(
+                j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos,
+                scale_log2, zeros_s, True, TILE_N, STAGES, o_rows, s_cols, p_layout, load_layout)
         acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
         return acc, gl.convert_layout(l_i, o_rows)
 
