@@ -36,6 +36,22 @@ def test_request_block_hashes_cover_full_blocks_only_and_are_kept():
     assert request_block_hashes(salted, BS, 1) != hashes[:1]
 
 
+def test_request_block_hashes_equal_the_chain_of_hash_block_when_extended_in_parts():
+    """The packed path (one array for the new blocks) hashes exactly what hash_block does, block
+    by block, salt in the first block only, across calls that each add some blocks."""
+    from folio.core.block_hash import first_block_extra
+
+    req = make_request("a", prompt=[70000 + 3 * i for i in range(23)])  # ids past 16 bits
+    req.cache_salt = "tenant"
+    expected, parent = [], None
+    for i in range(5):
+        parent = hash_block(parent, req.all_token_ids[i * BS : (i + 1) * BS], first_block_extra(req) if i == 0 else b"")
+        expected.append(parent)
+    assert request_block_hashes(req, BS, 2) == expected[:2]
+    assert request_block_hashes(req, BS, 2) == expected[:2]  # nothing new: nothing rehashed
+    assert request_block_hashes(req, BS, 5) == expected and req.block_hashes == expected
+
+
 def test_prefix_cache_index_stays_one_to_one():
     cache = PrefixCache()
     assert cache.insert(3, b"h1") and not cache.insert(4, b"h1") and not cache.insert(3, b"h2")
