@@ -163,7 +163,6 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
         if prefill_attention_hopper.HAS_GLUON:
             prefill_attention_hopper.hopper_prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1)
             cases.append("prefill Gluon, loader warp")
-            cases += _launch_gluon_shapes(dtype, qsl, lens, tables, seqs)
     vocab = 151936  # structured outputs: the grammar mask works on float32 logits whatever the dtype
     apply_token_bitmask_triton(torch.zeros(t, vocab), torch.zeros(t, (vocab + 31) // 32, dtype=torch.int32),
                                torch.arange(t))
@@ -171,17 +170,22 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
     return cases + _launch_lora(dtype)
 
 
-def _launch_gluon_shapes(dtype: torch.dtype, qsl, lens, tables, seqs) -> list[str]:
-    """The Gluon prefill at the other shapes `supports` admits: ptxas allocates registers per
-    shape, so each one is checked for serialized wgmma and for races on P's registers."""
-    from folio.kernels import prefill_attention_hopper
+def _launch_gluon_shapes(dtype: torch.dtype) -> list[str]:
+    """The Gluon prefill at every shape `supports` admits (--gluon-shapes). ptxas allocates
+    registers per compilation, and nothing keeps it from reusing the packed registers of P while
+    the P V that reads them runs (the kernel's wait deps keep P's 16-bit values, not the packed
+    operand): each shape is checked for that race and for serialized wgmma."""
+    from folio.kernels import prefill_attention_hopper as hopper
 
+    qsl, lens = torch.arange(9, dtype=torch.int32), torch.full((8,), 100, dtype=torch.int32)
+    tables = torch.zeros(8, 8, dtype=torch.int32)
     cases = []
-    for heads, kv_heads, block in ((8, 8, 16), (32, 8, 16), (64, 8, 16), (32, 8, 128)):
-        q = torch.zeros(256, heads, DIM, dtype=dtype)
-        kv = torch.zeros(2, 64, block, kv_heads, DIM, dtype=dtype)
-        prefill_attention_hopper.hopper_prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1)
-        cases.append(f"Gluon GQA {heads // kv_heads}, block {block}")
+    for group in hopper.ADMITTED_GROUPS:
+        for block in hopper.ADMITTED_BLOCKS:
+            q = torch.zeros(256, 8 * group, DIM, dtype=dtype)
+            kv = torch.zeros(2, 64, block, 8, DIM, dtype=dtype)
+            hopper.hopper_prefill_attention(q, kv, qsl, lens, tables, 8, 0.1)
+            cases.append(f"Gluon GQA {group}, block {block}")
     return cases
 
 
@@ -285,9 +289,10 @@ def _inspect(name: str, case: str, kernel, dump: str | None) -> Report:
 
 def _wgmma_operand_races(sass: str) -> int:
     """Instructions that write a register of an in-flight wgmma's A operand (P in registers) before
-    the `WARPGROUP.DEPBAR.LE gsb0, 0x0` that retires it. ptxas does not guard those registers: the
-    kernel must keep the operand alive to the wait (a dep of warpgroup_mma_wait), or the softmax of
-    the next tile lands on P while the tensor cores still read it (NaN on the GPU, session 18)."""
+    the `WARPGROUP.DEPBAR.LE gsb0, 0x0` that retires it. ptxas does not guard those registers. A
+    dep of warpgroup_mma_wait keeps P's 16-bit values alive to the wait but not the packed 32-bit
+    registers the wgmma reads, so whether the next tile's softmax lands on them is ptxas's choice,
+    shape by shape (NaN on the GPU when it does, session 18): this reads its choice."""
     lines = [line.split(";")[0] for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
     races = 0
     for i, line in enumerate(lines):
@@ -323,13 +328,16 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also the prefill kernel's swept tile configs")
     parser.add_argument("--dump", default=None, help="write PTX, SASS and TTGIR of every kernel here")
     parser.add_argument("--pdl", action="store_true", help="compile with programmatic dependent launch")
+    parser.add_argument("--gluon-shapes", action="store_true",
+                        help="only the Gluon prefill, at every shape it admits (races on P, serialized wgmma)")
     args = parser.parse_args()
     results: list = []
     _compile_instead_of_launch(args.arch, results)
     _allow_cpu_stand_ins()
     if args.pdl:
         _launch_with_pdl()
-    cases = _launch_all(getattr(torch, args.dtype), args.sweep)
+    dtype = getattr(torch, args.dtype)
+    cases = _launch_gluon_shapes(dtype) if args.gluon_shapes else _launch_all(dtype, args.sweep)
     reports = [_inspect(name, case, k, args.dump) for (name, k), case in zip(results, cases)]
     print(f"sm_{args.arch}, {args.dtype}")
     print(f"{'kernel':<28} {'case':<26} {'regs':>5} {'stack':>6} {'smem':>7} {'ld128':>6} {'ld<128':>7} {'mma':>6} "

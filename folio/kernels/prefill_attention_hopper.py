@@ -19,7 +19,8 @@ shared memory for the whole loop, tiles the block sees in full unmasked and the 
   Measured (H100, sessions 17-18): 9-15% faster than the Triton kernel on 8k chunks, TTFT of the
   0.6B 35-36 vs 39-40 ms (8k) and 273-281 vs 307-315 ms (30k). P is packed to 16 bits right after
   the softmax and named in the next wait's deps (ptxas does not guard an async wgmma's register
-  operand: without the dep, the next softmax overwrote P under the running P V).
+  operand: without the dep, the next softmax overwrote P under the running P V; with it, the
+  sm_90 compile test reads the SASS of every admitted shape for such a write).
   (Session 17 also measured an all-warps cp.async version with the same step: no faster than
   the Triton kernel; and TMA issued by every warp behind a CTA barrier: slower. Both removed.)
 
@@ -189,8 +190,10 @@ if HAS_GLUON:
         P V running under the softmax), then S(j+1) under the rescale and tile j + 1's softmax under
         P(j) V(j), which is returned still running."""
         mbarrier.wait(ready.index((j + 1) % STAGES), ((j + 1) // STAGES) & 1)
-        # P(j-1) V(j-1), left running under step j - 1's softmax: p_prev's registers are its operand
-        # until here (a dep of the wait), so the softmax could not have written tile j's P over them
+        # P(j-1) V(j-1), left running under step j - 1's softmax. p_prev (its operand) is a dep of
+        # the wait, so its values stay live to here; the packed registers the wgmma reads are
+        # ptxas's to place, and tests/kernels/test_compile_sm90.py checks at every admitted shape
+        # that the softmax does not write them before this wait
         acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
         gl.thread_barrier()  # both warpgroups are done with tile j - 1
         mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1, pred=j > 0)

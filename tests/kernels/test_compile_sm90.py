@@ -53,11 +53,25 @@ def test_every_kernel_compiles_for_sm90_without_spills():
     prefill = [row for row in rows if row[0] == "_unified_attention_kernel" and "max_query_len=512" in " ".join(row)]
     assert prefill and prefill[0][-2] == "HGMMA", "prefill tiles should use Hopper's wgmma"
     prefill_kernel = [row for row in rows if row[0] in ("_prefill_attention_kernel", "_hopper_prefill_ws_kernel")]
-    assert len(prefill_kernel) == 6, "the Triton kernel, and the Gluon one at five admitted shapes"
-    for row in prefill_kernel:  # -serial: ptxas waits on every wgmma; -race: P overwritten under its P V
-        assert row[-2] == "HGMMA", f"{' '.join(row)}"
+    assert len(prefill_kernel) == 2 and all(row[-2] == "HGMMA" for row in prefill_kernel), "wgmma serialized?"
     fp8 = [row for row in rows if row[0] == "_fp8_gemm_kernel"]
     assert fp8 and all(row[-2] == "QGMMA" for row in fp8), "the FP8 GEMM should use Hopper's FP8 wgmma"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_gluon_prefill_has_no_wgmma_race_at_any_shape_it_admits(dtype):
+    """Every (query heads a KV head, block size) `supports` lets in, compiled for sm_90: no spill,
+    no serialized wgmma, and no write to P's packed registers while the P V reading them runs
+    (ptxas is free to make one; session 18's first GPU call read NaN from it)."""
+    from folio.kernels.prefill_attention_hopper import ADMITTED_BLOCKS, ADMITTED_GROUPS, HAS_GLUON
+
+    if not HAS_GLUON:
+        pytest.skip("needs Triton's Gluon")
+    rows = _report("--gluon-shapes", "--dtype", dtype)
+    assert len(rows) == len(ADMITTED_GROUPS) * len(ADMITTED_BLOCKS)
+    for row in rows:
+        regs, stack = int(row[-7]), int(row[-6])
+        assert regs > 0 and stack == 0 and row[-2] == "HGMMA", " ".join(row)
 
 
 # The kernels of a decode step that take programmatic dependent launch on Hopper.
