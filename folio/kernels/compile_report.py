@@ -27,6 +27,8 @@ from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
+from folio.kernels.sass_checks import sass_of, wgmma_operand_races  # noqa: E402
+
 HEADS, KV_HEADS, DIM, BLOCK = 16, 8, 128, 16
 
 
@@ -267,8 +269,7 @@ def _inspect(name: str, case: str, kernel, dump: str | None) -> Report:
             f.write(kernel.asm["cubin"])
         res = subprocess.run([os.path.join(ptxas_dir, "cuobjdump"), "-res-usage", cubin],
                              capture_output=True, text=True).stdout
-        sass = subprocess.run([os.path.join(ptxas_dir, "cuobjdump"), "-sass", cubin],
-                              capture_output=True, text=True).stdout
+        sass = sass_of(kernel.asm["cubin"])
     if dump:
         os.makedirs(dump, exist_ok=True)
         stem = os.path.join(dump, f"{name}.{re.sub(r'[^A-Za-z0-9]+', '_', case)}")
@@ -282,33 +283,9 @@ def _inspect(name: str, case: str, kernel, dump: str | None) -> Report:
     mma = next((op for op in ("HGMMA", "QGMMA", "HMMA") if op in sass), "none")  # QGMMA: FP8 wgmma
     if mma in ("HGMMA", "QGMMA") and sass.count("WARPGROUP.DEPBAR") >= len(re.findall(r"\b[HQ]GMMA\.", sass)):
         mma += "-serial"  # ptxas waits on every wgmma (its C7514 note): no overlap with anything
-    if _wgmma_operand_races(sass):
+    if wgmma_operand_races(sass):
         mma += "-race"  # a register operand of an async wgmma overwritten before the wait retires it
     return Report(name, case, regs, stack, kernel.metadata.shared, wide, len(loads) - wide, mma, _pdl_order(sass))
-
-
-def _wgmma_operand_races(sass: str) -> int:
-    """Instructions that write a register of an in-flight wgmma's A operand (P in registers) before
-    the `WARPGROUP.DEPBAR.LE gsb0, 0x0` that retires it. ptxas does not guard those registers. A
-    dep of warpgroup_mma_wait keeps P's 16-bit values alive to the wait but not the packed 32-bit
-    registers the wgmma reads, so whether the next tile's softmax lands on them is ptxas's choice,
-    shape by shape (NaN on the GPU when it does, session 18): this reads its choice."""
-    lines = [line.split(";")[0] for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
-    races = 0
-    for i, line in enumerate(lines):
-        m = re.search(r"[HQ]GMMA\.\S+ R\d+, R(\d+), gdesc", line)
-        if not m:
-            continue
-        operand = {f"R{int(m.group(1)) + k}" for k in range(4)}
-        for later in lines[i + 1:]:
-            if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in later:
-                break
-            words = re.sub(r"^.*?\*/\s*(@!?U?P\w+\s+)?", "", later).split()
-            if len(words) > 1 and not re.match(r"[HQ]GMMA|ST|BRA|BAR|SYNCS|WARPGROUP", words[0]) \
-                    and words[1].rstrip(",") in operand:
-                races += 1
-                break
-    return races
 
 
 def _pdl_order(sass: str) -> str:

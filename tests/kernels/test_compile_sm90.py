@@ -110,14 +110,11 @@ def test_pdl_order_reads_the_sass():
 def test_wgmma_operand_races_read_the_sass():
     """A write to an in-flight wgmma's A registers before the wait that retires it is a race (the
     Gluon prefill's NaN of session 18); after the wait, or to other registers, it is not."""
-    hgmma = "/*0010*/ HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88, gsb0 ;"
-    wait = "/*0030*/ WARPGROUP.DEPBAR.LE gsb0, 0x0 ;"
-    code = (
-        "from folio.kernels.compile_report import _wgmma_operand_races as f\n"
-        f"h, w = {hgmma!r}, {wait!r}\n"
-        "print(f(h + '\\n/*0020*/ FSEL R154, R92, -INF , !P0 ;\\n' + w),\n"
-        "      f(h + '\\n' + w + '\\n/*0040*/ FSEL R154, R92, -INF , !P0 ;'),\n"
-        "      f(h + '\\n/*0020*/ FSEL R156, R92, -INF , !P0 ;\\n' + w),\n"
-        "      f(h + '\\n/*0020*/ @!P0 MOV R152, R3 ;\\n' + w))\n"
-    )
-    assert _child_prints(code) == ["1", "0", "0", "1"]
+    from folio.kernels.sass_checks import wgmma_operand_races as races
+
+    h = "/*0010*/ HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88, gsb0 ;"
+    w = "/*0030*/ WARPGROUP.DEPBAR.LE gsb0, 0x0 ;"
+    assert races(h + "\n/*0020*/ FSEL R154, R92, -INF , !P0 ;\n" + w) == 1
+    assert races(h + "\n" + w + "\n/*0040*/ FSEL R154, R92, -INF , !P0 ;") == 0
+    assert races(h + "\n/*0020*/ FSEL R156, R92, -INF , !P0 ;\n" + w) == 0
+    assert races(h + "\n/*0020*/ @!P0 MOV R152, R3 ;\n" + w) == 1

@@ -52,6 +52,26 @@ def test_launch_refuses_rings_that_cannot_work_before_compiling(stages, tile_n, 
                        0.1, torch.empty_like(batch.query), 0, stages, tile_n)
 
 
+def test_a_compilation_whose_sass_races_on_p_is_refused_once_checked(monkeypatch):
+    """check_compiled reads each compilation's SASS once: a racy one raises (the backend then
+    recomputes with the Triton kernel), a clean one passes, and an unreadable one passes."""
+    from types import SimpleNamespace
+
+    racy = ("/*0010*/ HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88, gsb0 ;\n"
+            "/*0020*/ FSEL R154, R92, -INF , !P0 ;\n/*0030*/ WARPGROUP.DEPBAR.LE gsb0, 0x0 ;")
+    reads = []
+    monkeypatch.setattr(hopper, "sass_of", lambda cubin: reads.append(cubin) or cubin.decode())
+    monkeypatch.setattr(hopper, "_CHECKED", {})
+    kernel = SimpleNamespace(hash="racy", asm={"cubin": racy.encode()})
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="reuses P's registers"):
+            hopper.check_compiled(kernel)
+    hopper.check_compiled(SimpleNamespace(hash="clean", asm={"cubin": racy.replace("R154", "R156").encode()}))
+    assert len(reads) == 2, "each compilation is read once"
+    hopper.check_compiled(SimpleNamespace(hash="no-cubin", asm={}))  # unreadable: not refused
+    hopper.check_compiled(None)
+
+
 def test_backend_takes_the_gluon_kernel_unless_told_not_to(monkeypatch):
     from folio.attention.backends.triton_backend import TritonAttentionBackend
 
