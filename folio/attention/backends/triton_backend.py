@@ -8,9 +8,10 @@
   tiles when the batch is one chunk among many decodes (W1's mixed steps). Everything else
   (short queries, float32 models) goes to the unified kernel. FOLIO_PREFILL_ATTENTION=0 (or
   prefill_kernel=False) keeps the unified kernel for all of it. On Hopper the long chunks take the
-  Gluon kernel (prefill_attention_hopper.py: a loader warp, 6-12% faster, session 17) where it
+  Gluon kernel (prefill_attention_hopper.py: a loader warp, 9-15% faster, sessions 17-18) where it
   supports the batch; FOLIO_PREFILL_KERNEL=triton keeps the Triton one, and a Gluon failure (a
-  Triton whose Gluon API differs) is logged once and falls back to it.
+  Triton whose Gluon API differs, or a compilation whose SASS fails the kernel's register check)
+  is logged once, the batch is recomputed by the Triton kernel, and it keeps that kernel.
 
 forward never synchronises with the device: launch shapes come from host ints in the metadata
 (num_seqs, max_query_len, is_decode_only) and tensor shapes. For CUDA graphs of decode steps the
@@ -107,7 +108,7 @@ class TritonAttentionBackend(AttentionBackend):
                     query, kv_cache, sliding_window):
                 try:
                     return prefill_attention_hopper.hopper_prefill_attention(*args, scale, out=out)
-                except Exception as e:  # noqa: BLE001 - a Triton whose Gluon differs: keep serving
+                except Exception as e:  # noqa: BLE001 - a Triton whose Gluon differs, a racy compile: keep serving
                     self.hopper_prefill = False
                     logger.warning("The Gluon prefill kernel failed (%s: %s); long prompt chunks use the Triton "
                                    "kernel from now on.", type(e).__name__, e)
