@@ -21,13 +21,11 @@ os.environ["TRITON_INTERPRET"] = "0"  # compile for real; must precede every fol
 
 import argparse  # noqa: E402
 import re  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
-from folio.kernels.sass_checks import sass_of, wgmma_operand_races  # noqa: E402
+from folio.kernels.sass_checks import cuobjdump, sass_of, wgmma_operand_races  # noqa: E402
 
 HEADS, KV_HEADS, DIM, BLOCK = 16, 8, 128, 16
 
@@ -260,16 +258,8 @@ def _launch_lora(dtype: torch.dtype) -> list[str]:
 
 
 def _inspect(name: str, case: str, kernel, dump: str | None) -> Report:
-    from triton import knobs
-
-    ptxas_dir = os.path.dirname(knobs.nvidia.ptxas.path)
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, f"{name}.cubin")
-        with open(cubin, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        res = subprocess.run([os.path.join(ptxas_dir, "cuobjdump"), "-res-usage", cubin],
-                             capture_output=True, text=True).stdout
-        sass = sass_of(kernel.asm["cubin"])
+    res = cuobjdump(kernel.asm["cubin"], "-res-usage")
+    sass = sass_of(kernel.asm["cubin"])
     if dump:
         os.makedirs(dump, exist_ok=True)
         stem = os.path.join(dump, f"{name}.{re.sub(r'[^A-Za-z0-9]+', '_', case)}")

@@ -38,11 +38,8 @@ import functools
 import torch
 
 from folio.kernels.paged_attention import LOG2_E, check_attention_inputs, check_output
-from folio.kernels.sass_checks import sass_of, wgmma_operand_races
+from folio.kernels.sass_checks import check_compiled
 from folio.kernels.triton_compat import check_same_device
-from folio.logger import init_logger
-
-logger = init_logger(__name__)
 
 try:
     from triton.experimental import gluon
@@ -372,31 +369,9 @@ def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, 
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=BLOCK_M, TILE_N=tile_n,
         STAGES=stages, BOX=box, Q_SMEM=gl.NVMMASharedLayout.get_default_for([BLOCK_M, head_dim], gl_dtype),
         KV_SMEM=kv_smem, LOADER_REGS=WS_LOADER_REGS, num_warps=NUM_WARPS, maxnreg=WS_MAXNREG)
-    check_compiled(kernel)
+    check_compiled(kernel, "the Gluon prefill")  # a racy compilation raises; the backend falls back
     return out
 
-
-_CHECKED: dict[str, int] = {}  # compiled kernel's hash -> races found in its SASS
-
-
-def check_compiled(kernel) -> None:
-    """Once per compilation (at its first launch): raise if ptxas placed a write to P's packed
-    registers under the P V that reads them (sass_checks.wgmma_operand_races). The output of that
-    launch is then suspect; the attention backend catches the error, recomputes the batch with the
-    Triton kernel and keeps it from then on. A SASS that cannot be read (no cuobjdump) passes:
-    the sm_90 compile test covers the shapes this kernel admits with the Triton it ships with."""
-    if kernel is None:  # compile_report's stand-in launch compiles and returns nothing
-        return
-    key = getattr(kernel, "hash", None) or str(id(kernel))
-    if key not in _CHECKED:
-        try:
-            _CHECKED[key] = wgmma_operand_races(sass_of(kernel.asm["cubin"]))
-        except Exception as e:  # noqa: BLE001 - a check we cannot run is not a failure of the kernel
-            logger.debug("Could not read the Gluon prefill's SASS (%s); not checked.", e)
-            _CHECKED[key] = 0
-    if _CHECKED[key]:
-        raise RuntimeError(f"ptxas reuses P's registers under a running P V in this compilation of the Gluon prefill "
-                           f"({_CHECKED[key]} places in its SASS): its output would be wrong.")
 
 
 __all__ = ["hopper_prefill_attention", "supports", "HAS_GLUON"]

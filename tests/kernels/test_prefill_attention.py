@@ -9,7 +9,7 @@ from folio.attention.backends.torch_ref import TorchAttentionBackend, paged_atte
 from folio.attention.backends.triton_backend import TritonAttentionBackend
 from folio.kernels.paged_attention import TileConfig
 from folio.kernels.prefill_attention import prefill_attention
-from tests.kernels.paged_batch import assert_close, make_paged_batch
+from tests.kernels.paged_batch import assert_close, assert_long_rows_only, make_paged_batch
 
 SMALL = TileConfig(32, 16, 4, 2)  # small tiles: the interpreter's cost grows with tile area
 
@@ -57,13 +57,7 @@ def test_short_sequences_are_left_to_another_kernel(device):
     batch = make_paged_batch([20, 1, 3, 12], [40, 9, 3, 12], 4, 2, 16, 8, dtype=torch.bfloat16,
                              device=device, seed=5)
     out, expected = _run(batch, min_query_len=12)
-    md = batch.metadata
-    for i in range(md.num_seqs):
-        rows = slice(md.query_start_loc_cpu[i], md.query_start_loc_cpu[i + 1])
-        if md.query_len(i) >= 12:
-            assert_close(out[rows], expected[rows], torch.bfloat16)
-        else:
-            assert out[rows].isnan().all()
+    assert_long_rows_only(out, expected, batch.metadata, 12)
 
 
 def test_rejects_float32_and_bad_shapes(device):

@@ -12,7 +12,7 @@ import torch
 
 from folio.attention.backends.torch_ref import paged_attention_reference
 from folio.kernels import prefill_attention_hopper as hopper
-from tests.kernels.paged_batch import assert_close, make_paged_batch
+from tests.kernels.paged_batch import assert_close, assert_long_rows_only, make_paged_batch
 
 needs_hopper = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and hopper.HAS_GLUON),
@@ -59,17 +59,23 @@ def test_a_compilation_whose_sass_races_on_p_is_refused_once_checked(monkeypatch
 
     racy = ("/*0010*/ HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88, gsb0 ;\n"
             "/*0020*/ FSEL R154, R92, -INF , !P0 ;\n/*0030*/ WARPGROUP.DEPBAR.LE gsb0, 0x0 ;")
+    from folio.kernels import sass_checks
+
+    def check(kernel):
+        return sass_checks.check_compiled(kernel, "the Gluon prefill")
+
     reads = []
-    monkeypatch.setattr(hopper, "sass_of", lambda cubin: reads.append(cubin) or cubin.decode())
-    monkeypatch.setattr(hopper, "_CHECKED", {})
+    monkeypatch.setattr(sass_checks, "sass_of", lambda cubin: reads.append(cubin) or cubin.decode())
+    monkeypatch.setattr(sass_checks, "_CHECKED", {})
+    assert hopper.check_compiled is sass_checks.check_compiled  # the kernel's launch takes this check
     kernel = SimpleNamespace(hash="racy", asm={"cubin": racy.encode()})
     for _ in range(2):
         with pytest.raises(RuntimeError, match="reuses P's registers"):
-            hopper.check_compiled(kernel)
-    hopper.check_compiled(SimpleNamespace(hash="clean", asm={"cubin": racy.replace("R154", "R156").encode()}))
+            check(kernel)
+    check(SimpleNamespace(hash="clean", asm={"cubin": racy.replace("R154", "R156").encode()}))
     assert len(reads) == 2, "each compilation is read once"
-    hopper.check_compiled(SimpleNamespace(hash="no-cubin", asm={}))  # unreadable: not refused
-    hopper.check_compiled(None)
+    check(SimpleNamespace(hash="no-cubin", asm={}))  # unreadable: not refused
+    check(None)
 
 
 def test_backend_takes_the_gluon_kernel_unless_told_not_to(monkeypatch):
@@ -222,13 +228,7 @@ def test_short_sequences_are_left_to_another_kernel():
     batch = make_paged_batch([300, 1, 40, 260], [300, 9, 80, 900], 16, 8, 128, 16, dtype=torch.bfloat16,
                              device="cuda", seed=5)
     out, expected = _run(batch, min_query_len=256)
-    md = batch.metadata
-    for i in range(md.num_seqs):
-        rows = slice(md.query_start_loc_cpu[i], md.query_start_loc_cpu[i + 1])
-        if md.query_len(i) >= 256:
-            assert_close(out[rows], expected[rows], torch.bfloat16)
-        else:
-            assert out[rows].isnan().all()
+    assert_long_rows_only(out, expected, batch.metadata, 256)
 
 
 @pytest.mark.gpu
