@@ -245,7 +245,7 @@ def prefill_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
             expected = paged_attention_reference(batch.query, batch.kv_cache, md, DIM**-0.5)
         variants = [("unified default", None)] + [("prefill default", None)]
         if prefill_attention_hopper.supports(batch.query, batch.kv_cache, None):
-            variants += [(f"prefill gluon t{tile} s{stages}", (tile, stages)) for tile, stages in ((64, 4), (128, 3))]
+            variants += [("prefill gluon ping-pong", True), ("prefill gluon free-running", False)]
         if sweep:
             variants += [("prefill", c) for c in PREFILL_SWEEP]
         for label, config in variants:
@@ -256,7 +256,7 @@ def prefill_cases(device, dtype, ceilings, gen, tiny, sweep) -> list[Row]:
                     return unified_attention(*common, md.max_query_len, DIM**-0.5, out=out)
                 if label.startswith("prefill gluon"):
                     return prefill_attention_hopper.hopper_prefill_attention(*common, DIM**-0.5, out=out,
-                                                                             tile_n=config[0], stages=config[1])
+                                                                             pingpong=config)
                 return prefill_attention(*common, DIM**-0.5, out=out, config=config)
 
             def check(run=run, out=out, expected=expected):

@@ -1,34 +1,28 @@
-"""Prefill attention for Hopper in Gluon: long prompt chunks, with the K/V tiles brought by a loader
-warp and the scores of the next tile computed while this tile's softmax runs.
+"""Prefill attention for Hopper in Gluon: long prompt chunks, K/V tiles brought by a loader
+warpgroup, and two consumer warpgroups that take turns at the tensor cores (FlashAttention-3's
+ping-pong). The Triton kernel (prefill_attention.py) reaches ~60% of the matrix rate on long
+chunks (docs/perf-notes.md, sessions 17-19 for what was tried and measured).
 
-The Triton kernel (prefill_attention.py) reaches ~60-64% of the matrix rate on long chunks: all its
-warps compute gather addresses and wait on each tile's cp.async, and Triton 3.6 waits on every
-wgmma before the softmax (docs/perf-notes.md, session 17). Gluon states the waits and the warps'
-roles itself. A program owns (q block, KV head) as the Triton kernel does: BLOCK_M = 128 rows of
-BLOCK_Q query tokens x the GROUP heads of one KV head, two warpgroups (8 warps) of 64 rows, q in
-shared memory for the whole loop, tiles the block sees in full unmasked and the diagonal's masked
-(two loops: ptxas waits for every pending wgmma where control flow joins).
-
-- `_hopper_prefill_ws_kernel`: `warp_specialize` into the 8 compute warps and a
-  loader warp that issues TMA boxes (one per run of keys in a block) into a ring
-  of STAGES buffers, with a ready and an empty mbarrier per stage. Step j: issue S(j+1) = q K(j+1)^T
-  (async), rescale the output under it, issue P(j) V(j) (P from registers), wait for S(j+1) only,
-  then tile j+1's softmax runs under P(j) V(j), which step j+1 waits for before handing tile j's
-  stage back. Whole-block boxes read stale slots past a chunk's end: masked steps zero those V
-  rows in shared memory (their P is 0; 0 x a non-finite stale V would still be NaN).
-  Measured (H100, sessions 17-18): 9-15% faster than the Triton kernel on 8k chunks, TTFT of the
-  0.6B 35-36 vs 39-40 ms (8k) and 273-281 vs 307-315 ms (30k). P is packed to 16 bits right after
-  the softmax and named in the next wait's deps (ptxas does not guard an async wgmma's register
-  operand: without the dep, the next softmax overwrote P under the running P V; with it, the
-  sm_90 compile test reads the SASS of every admitted shape for such a write).
-  (Session 17 also measured an all-warps cp.async version with the same step: no faster than
-  the Triton kernel; and TMA issued by every warp behind a CTA barrier: slower. Both removed.)
+A program owns (q block, KV head) as the Triton kernel does: BLOCK_M = 128 rows of BLOCK_Q query
+tokens x the GROUP heads of one KV head, q in shared memory for the whole loop.
+- `hopper_kv_loader.kv_loader` (default partition): one TMA box per run of keys in a block, K and V in rings of
+  their own (K(j+1) handed back once S(j+1) is done, V(j) once P(j) V(j) is).
+- `_consumer` (two 64-row worker partitions), step j: in this warpgroup's turn (named barriers 8
+  and 9) issue S(j+1) = q K(j+1)^T and P(j) V(j), hand the turn over, and run tile j + 1's softmax
+  under the other's products. Tiles are 128 keys, so that the softmax and its fixed costs fit
+  under them (at 64 keys they did not). P goes through shared memory: with P as a register operand
+  carried across the loop, ptxas serializes every wgmma of a worker partition (C7512).
+- Tiles the block sees in full are unmasked, the diagonal's masked (two loops: ptxas waits for
+  every pending wgmma where control flow joins). Boxes read whole blocks, so a tile that reaches
+  past the sequence's end has its stale V rows zeroed in shared memory first (P = 0 there, but
+  0 x a non-finite V is NaN); keys past a q block's diagonal inside the sequence are the chunk's
+  own, already written.
 
 bf16 / fp16 caches of the query's dtype, head_dim 128, blocks of 16-128 tokens, 1-8 query heads a
-KV head, no sliding window (`supports`); the backend sends other batches to the Triton kernel, and
-`FOLIO_PREFILL_KERNEL=triton` sends all of them (triton_backend.py). Gluon kernels do not run in
-Triton's interpreter: the CPU tests check the dispatch, tests/kernels/test_compile_sm90.py compiles
-it for sm_90 (and fails on a serialized wgmma or a write to an in-flight wgmma's register operand).
+KV head, no sliding window (`supports`); other batches, and all with FOLIO_PREFILL_KERNEL=triton,
+go to the Triton kernel (triton_backend.py). Gluon does not run in Triton's interpreter: the CPU
+tests check the dispatch; tests/kernels/test_compile_sm90.py compiles every admitted shape for
+sm_90 and fails on a serialized wgmma or a spill.
 """
 
 from __future__ import annotations
@@ -47,27 +41,30 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
-        tma,
         warpgroup_mma,
         warpgroup_mma_init,
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from folio.kernels.hopper_kv_loader import kv_loader
+
     HAS_GLUON = True
 except ImportError:  # a CPU install without Triton, or a Triton without Gluon
     HAS_GLUON = False
 
-BLOCK_M = 128  # rows a program: two warpgroups of 64
-TILE_N = 64  # keys a step
-STAGES = 4  # K/V buffers in the ring (measured: 4 and 6 alike, 5 slower)
-NUM_WARPS = 8  # the compute warps; the loader's warpgroup comes on top
-# 8 compute warps + the loader's warpgroup share the register file, so the
-# launch caps a thread at WS_MAXNREG (12 warps x 32 x 168 <= 65,536); the loader keeps
-# WS_LOADER_REGS and the compute warps take the rest (setmaxnreg).
+BLOCK_M = 128  # rows a program: two consumer warpgroups of 64
+TILE_N = 128  # keys a step
+K_STAGES = 2  # K tiles in their ring (tile j + 1 in use, j + 2 loading)
+V_STAGES = 2  # V tiles in theirs (tile j in use, j + 1 loading)
+P_BUFFERS = 2  # P tiles a consumer: P(j+1) is written while P(j) V(j) reads P(j)
+LOADER_WARPS = 4  # the default partition: warp specialisation hands out whole warpgroups
+# 4 loader + 8 consumer warps share the register file, so the launch caps a thread at WS_MAXNREG
+# (12 warps x 32 x 168 <= 65,536); the consumers raise theirs to CONSUMER_REGS by setmaxnreg
+# (~200 used at 128-key tiles), the loader keeps the rest.
 WS_MAXNREG = 168
+CONSUMER_REGS = 232
 SMEM_BYTES = 232_448 - 1_024  # Hopper's shared memory a block, less room for the barriers
-WS_LOADER_REGS = 40
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,16 +72,15 @@ def _is_hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] == 9
 
 
-ADMITTED_GROUPS = (1, 2, 4, 8)  # query heads a KV head, run on the GPU (session 18)
-ADMITTED_BLOCKS = (16, 32, 64, 128)  # tokens a KV block, run on the GPU (session 18)
+ADMITTED_GROUPS = (1, 2, 4, 8)  # query heads a KV head, run on the GPU (sessions 18-19)
+ADMITTED_BLOCKS = (16, 32, 64, 128)  # tokens a KV block, run on the GPU (sessions 18-19)
 
 
 def supports(query: torch.Tensor, kv_cache: torch.Tensor, sliding_window: int | None) -> bool:
     """Whether this kernel takes the batch: a Hopper GPU, a contiguous 16-bit cache of the query's
-    dtype, no sliding window, and the shapes that passed the GPU tests and measured faster than
-    the Triton kernel (session 18, H100, 8k chunks: 9-15% faster): head_dim 128, 1, 2, 4 or 8
-    query heads a KV head, blocks of 16, 32, 64 or 128 tokens. head_dim 64 is correct but 4-17%
-    slower than the Triton kernel, so it stays there (`_launch` still takes it, for the tests)."""
+    dtype, no sliding window, and the shapes that passed the GPU tests (sessions 18-19): head_dim
+    128, 1, 2, 4 or 8 query heads a KV head, blocks of 16, 32, 64 or 128 tokens. head_dim 64 was
+    slower than the Triton kernel (session 18), so it stays there (`_launch` takes it, for tests)."""
     if not (HAS_GLUON and query.is_cuda):
         return False
     if not _is_hopper(query.device.index if query.device.index is not None else torch.cuda.current_device()):
@@ -127,137 +123,121 @@ if HAS_GLUON:
         alpha = gl.exp2(m_i - m_new)
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
-    # ---- warp-specialised: a loader warp brings K/V by TMA, 8 warps compute ----------------------
     @gluon.jit
-    def _box_ids(table, t, k_hi, BLOCK_SIZE: gl.constexpr, TILE_N: gl.constexpr, BOX: gl.constexpr):
-        """The blocks of tile t's TILE_N // BOX boxes (up to 8; unused ones repeat the first), 0 past
-        the sequence's blocks. All loads are issued before the loader's first TMA waits on one."""
-        k0 = t * TILE_N
-        id0 = gl.load(table + k0 // BLOCK_SIZE, mask=k0 < k_hi, other=0)
-        id1 = id0
-        id2 = id0
-        id3 = id0
-        id4 = id0
-        id5 = id0
-        id6 = id0
-        id7 = id0
-        if TILE_N // BOX > 1:
-            id1 = gl.load(table + (k0 + BOX) // BLOCK_SIZE, mask=k0 + BOX < k_hi, other=0)
-        if TILE_N // BOX > 2:
-            id2 = gl.load(table + (k0 + 2 * BOX) // BLOCK_SIZE, mask=k0 + 2 * BOX < k_hi, other=0)
-            id3 = gl.load(table + (k0 + 3 * BOX) // BLOCK_SIZE, mask=k0 + 3 * BOX < k_hi, other=0)
-        if TILE_N // BOX > 4:
-            id4 = gl.load(table + (k0 + 4 * BOX) // BLOCK_SIZE, mask=k0 + 4 * BOX < k_hi, other=0)
-            id5 = gl.load(table + (k0 + 5 * BOX) // BLOCK_SIZE, mask=k0 + 5 * BOX < k_hi, other=0)
-            id6 = gl.load(table + (k0 + 6 * BOX) // BLOCK_SIZE, mask=k0 + 6 * BOX < k_hi, other=0)
-            id7 = gl.load(table + (k0 + 7 * BOX) // BLOCK_SIZE, mask=k0 + 7 * BOX < k_hi, other=0)
-        return id0, id1, id2, id3, id4, id5, id6, id7
+    def _named_barrier(kind: gl.constexpr, bar_id: gl.constexpr):
+        """bar.sync / bar.arrive of the two consumers (256 threads) on named barrier bar_id (8 and 9:
+        Triton takes the low ids for its own barriers)."""
+        one = gl.full([128], 0, gl.int32, gl.BlockedLayout([1], [32], [4], [0]))
+        gl.inline_asm_elementwise(f"{kind} {bar_id}, 256; mov.b32 $0, 0;", "=r,r", [one], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
     @gluon.jit
-    def _ws_loader(k_desc, v_desc, k_bufs, v_bufs, ready, empty, table, k_hi, kv_col, n_tiles,
-                   BLOCK_SIZE: gl.constexpr, TILE_N: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr):
-        """Tiles 0 .. n_tiles (the last one the final step's look-ahead, masked away) by TMA, one
-        [BOX, HEAD_DIM] box per run of keys in one block, each into its ring stage once the
-        compute warps have released it. Keys past the sequence load whatever their block holds;
-        the compute side zeroes those V rows (_zero_v_past) and masks their scores."""
-        for t in range(0, n_tiles + 1):
-            stage = t % STAGES
-            mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)  # barriers start with phase 1 complete
-            ids = _box_ids(table, t, k_hi, BLOCK_SIZE, TILE_N, BOX)
-            bar = ready.index(stage)
-            mbarrier.expect(bar, 2 * (TILE_N // BOX) * k_desc.block_type.nbytes)
-            for b in gl.static_range(TILE_N // BOX):
-                row = ids[b] * BLOCK_SIZE + (t * TILE_N + b * BOX) % BLOCK_SIZE
-                tma.async_copy_global_to_shared(k_desc, [row, kv_col], bar, k_bufs.index(stage).slice(b * BOX, BOX))
-                tma.async_copy_global_to_shared(v_desc, [row, kv_col], bar, v_bufs.index(stage).slice(b * BOX, BOX))
-
-    @gluon.jit
-    def _zero_v_past(v_bufs, j, k_hi, TILE_N: gl.constexpr, STAGES: gl.constexpr, load_layout: gl.constexpr):
-        """Tile j's V rows of keys >= k_hi set to 0 in shared memory: their P is 0, and 0 x a stale
-        non-finite V would still be NaN."""
-        buf = v_bufs.index(j % STAGES)
-        k_pos = j * TILE_N + gl.arange(0, TILE_N, layout=gl.SliceLayout(1, load_layout))
-        v = buf.load(load_layout)
-        buf.store(gl.where((k_pos < k_hi)[:, None], v, gl.zeros_like(v)))
+    def _zero_v_past(buf, j, k_hi, TILE_N: gl.constexpr, load_layout: gl.constexpr):
+        """Tile j's V rows of keys >= k_hi set to 0, 16 rows at a time (a whole tile in registers
+        costs a warpgroup 64 of them). Both consumers write the same zeros, so neither waits for
+        the other."""
+        for r0 in gl.static_range(0, TILE_N, 16):
+            rows = buf.slice(r0, 16)
+            k_pos = j * TILE_N + r0 + gl.arange(0, 16, layout=gl.SliceLayout(1, load_layout))
+            v = rows.load(load_layout)
+            rows.store(gl.where((k_pos < k_hi)[:, None], v, gl.zeros_like(v)))
         fence_async_shared()
         gl.thread_barrier()
 
     @gluon.jit
-    def _ws_step(j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos,
-                 scale_log2, zeros_s, MASKED: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr,
-                 o_rows: gl.constexpr, s_cols: gl.constexpr, p_layout: gl.constexpr, load_layout: gl.constexpr):
-        """Step j: wait for tile j + 1 on its mbarrier and for P(j-1) V(j-1), hand tile j - 1's stage
-        back (the wait, barrier and arrive sit here, not at the end of step j - 1, so that ptxas keeps
-        P V running under the softmax), then S(j+1) under the rescale and tile j + 1's softmax under
-        P(j) V(j), which is returned still running."""
-        mbarrier.wait(ready.index((j + 1) % STAGES), ((j + 1) // STAGES) & 1)
-        # P(j-1) V(j-1), left running under step j - 1's softmax. p_prev (its operand) is a dep of
-        # the wait, so its values stay live to here; the packed registers the wgmma reads are
-        # ptxas's to place, and tests/kernels/test_compile_sm90.py checks at every admitted shape
-        # that the softmax does not write them before this wait
-        acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
-        gl.thread_barrier()  # both warpgroups are done with tile j - 1
-        mbarrier.arrive(empty.index((j + STAGES - 1) % STAGES), count=1, pred=j > 0)
+    def _step(j, acc, alpha, m_i, l_i, q_half, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, k_hi,
+              seq_end, q_pos, scale_log2, zeros_s, HALF: gl.constexpr, MASKED: gl.constexpr, TILE_N: gl.constexpr,
+              KS: gl.constexpr, VS: gl.constexpr, o_rows: gl.constexpr, s_cols: gl.constexpr,
+              load_layout: gl.constexpr, PINGPONG: gl.constexpr):
+        """Step j of one consumer: wait for P(j-1) V(j-1) (left running under the last softmax; waiting
+        here, not after the softmax, keeps ptxas from hoisting the wait above the exponentials) and
+        hand V(j-1) back; issue S(j+1) and P(j) V(j) in this warpgroup's turn; hand K(j+1) back once
+        S(j+1) is done; tile j + 1's softmax; P(j+1) into the other P buffer."""
+        mbarrier.wait(k_ready.index((j + 1) % KS), ((j + 1) // KS) & 1)
+        mbarrier.wait(v_ready.index(j % VS), (j // VS) & 1)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(v_empty.index((j + VS - 1) % VS), count=1, pred=j > 0)
+        v_buf = v_bufs.index(j % VS)
         if MASKED:
-            _zero_v_past(v_bufs, j, k_hi, TILE_N, STAGES, load_layout)
-        s_next = warpgroup_mma(q_smem, k_bufs.index((j + 1) % STAGES).permute((1, 0)), zeros_s, use_acc=False,
+            if (j + 1) * TILE_N > seq_end:  # slots past the sequence's end: stale, maybe not finite
+                _zero_v_past(v_buf, j, k_hi, TILE_N, load_layout)
+        if PINGPONG:
+            _named_barrier("bar.sync", 8 + HALF)  # this warpgroup's turn at the tensor cores
+        s_next = warpgroup_mma(q_half, k_bufs.index((j + 1) % KS).permute((1, 0)), zeros_s, use_acc=False,
                                is_async=True)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        pv = warpgroup_mma(p, v_bufs.index(j % STAGES), acc, is_async=True)
+        pv = warpgroup_mma(p_smem.index(2 * HALF + j % 2), v_buf, acc, is_async=True)
+        if PINGPONG:
+            _named_barrier("bar.arrive", 9 - HALF)  # the other's turn
         s = warpgroup_mma_wait(1, deps=(s_next,))
-        p_next, alpha, m_i, l_i = _softmax_step(s, (j + 1) * TILE_N, first_q, q_pos, k_hi, m_i, l_i, scale_log2,
-                                                MASKED, TILE_N, s_cols)
-        return pv, gl.convert_layout(p_next.to(q_smem.dtype), p_layout), p, alpha, m_i, l_i
+        mbarrier.arrive(k_empty.index((j + 1) % KS), count=1)
+        p_next, alpha, m_i, l_i = _softmax_step(s, (j + 1) * TILE_N, 0, q_pos, k_hi, m_i, l_i, scale_log2, MASKED,
+                                                TILE_N, s_cols)
+        p_smem.index(2 * HALF + (j + 1) % 2).store(p_next.to(q_half.dtype))  # its last reader, P(j-1) V(j-1), is done
+        fence_async_shared()
+        gl.thread_barrier()
+        return pv, alpha, m_i, l_i
 
     @gluon.jit
-    def _ws_compute(q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, n_tiles, n_open, scale_log2,
-                    GROUP: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, TILE_N: gl.constexpr,
-                    STAGES: gl.constexpr):
-        """The compute warps' loop (the default partition): (acc, l) of the q block."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+    def _consumer(q_smem, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
+                  first_q, n_tiles, n_open, scale_log2, out_row0, q_len_left, head0, o_stride_t, o_stride_h,
+                  HALF: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, TILE_N: gl.constexpr,
+                  KS: gl.constexpr, VS: gl.constexpr, PINGPONG: gl.constexpr):
+        """One warpgroup's 64 rows (HALF 0 or 1 of the program's 128): tile 0, the loop, the output."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, TILE_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [8, 1], [1, 0])
+        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [4, 1], [1, 0])
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
         o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        zeros_s = gl.zeros([BLOCK_M, TILE_N], gl.float32, s_layout)
-        q_pos = first_q + gl.arange(0, BLOCK_M, layout=s_rows) // GROUP
-        acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout))
-        mbarrier.wait(ready.index(0), 0)
-        s = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s, use_acc=False)
-        p, alpha, m_i, l_i = _softmax_step(s, 0, first_q, q_pos, k_hi, gl.full([BLOCK_M], float("-inf"), gl.float32,
-                                           s_rows), gl.zeros([BLOCK_M], gl.float32, s_rows), scale_log2, True,
-                                           TILE_N, s_cols)
-        p = gl.convert_layout(p.to(q_smem.dtype), p_layout)  # 16-bit from here: half the registers over the step
-        p_prev = p  # the operand of the P V in flight (none yet)
+        q_half = q_smem.index(HALF)
+        zeros_s = gl.zeros([64, TILE_N], gl.float32, s_layout)
+        q_pos = first_q + (HALF * 64 + gl.arange(0, 64, layout=s_rows)) // GROUP
+        acc = warpgroup_mma_init(gl.zeros([64, HEAD_DIM], gl.float32, o_layout))
+        if PINGPONG:
+            if HALF == 1:
+                _named_barrier("bar.arrive", 8)  # warpgroup 0 goes first
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q_half, k_bufs.index(0).permute((1, 0)), zeros_s, use_acc=False)
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p, alpha, m_i, l_i = _softmax_step(s, 0, 0, q_pos, k_hi, gl.full([64], float("-inf"), gl.float32, s_rows),
+                                           gl.zeros([64], gl.float32, s_rows), scale_log2, True, TILE_N, s_cols)
+        p_smem.index(2 * HALF).store(p.to(q_half.dtype))  # this consumer's buffers: 2 * HALF, 2 * HALF + 1
+        fence_async_shared()
+        gl.thread_barrier()
         for j in range(0, n_open):
-            acc, p, p_prev, alpha, m_i, l_i = _ws_step(
-                j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos,
-                scale_log2, zeros_s, False, TILE_N, STAGES, o_rows, s_cols, p_layout, load_layout)
+            acc, alpha, m_i, l_i = _step(j, acc, alpha, m_i, l_i, q_half, p_smem, k_bufs, v_bufs, k_ready, k_empty,
+                                         v_ready, v_empty, k_hi, seq_end, q_pos, scale_log2, zeros_s, HALF, False,
+                                         TILE_N, KS, VS, o_rows, s_cols, load_layout, PINGPONG)
         for j in range(n_open, n_tiles):
-            acc, p, p_prev, alpha, m_i, l_i = _ws_step(
-                j, acc, p, p_prev, alpha, m_i, l_i, q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, q_pos,
-                scale_log2, zeros_s, True, TILE_N, STAGES, o_rows, s_cols, p_layout, load_layout)
-        acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
-        return acc, gl.convert_layout(l_i, o_rows)
+            acc, alpha, m_i, l_i = _step(j, acc, alpha, m_i, l_i, q_half, p_smem, k_bufs, v_bufs, k_ready, k_empty,
+                                         v_ready, v_empty, k_hi, seq_end, q_pos, scale_log2, zeros_s, HALF, True,
+                                         TILE_N, KS, VS, o_rows, s_cols, load_layout, PINGPONG)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        if PINGPONG:
+            if HALF == 0:
+                _named_barrier("bar.sync", 8)  # warpgroup 1's last arrive
+        out = acc / gl.convert_layout(l_i, o_rows)[:, None]
+        rows = HALF * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+        dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        tok = rows // GROUP
+        head = head0 + rows % GROUP
+        ptrs = out_ptr + (out_row0 + tok).to(gl.int64)[:, None] * o_stride_t + head[:, None] * o_stride_h + dims[None, :]
+        gl.store(ptrs, out.to(q_half.dtype), mask=(tok < q_len_left)[:, None] & (dims < HEAD_DIM)[None, :])
 
     @gluon.jit(do_not_specialize=["num_seqs", "num_q_blocks", "min_query_len"])
-    def _hopper_prefill_ws_kernel(
+    def _hopper_prefill_kernel(
         out_ptr, query_ptr, k_desc, v_desc, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
         num_seqs, num_q_blocks, min_query_len, scale_log2, q_stride_t, q_stride_h, o_stride_t, o_stride_h, bt_stride,
         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr,
-        BLOCK_M: gl.constexpr, TILE_N: gl.constexpr, STAGES: gl.constexpr, BOX: gl.constexpr,
-        Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, LOADER_REGS: gl.constexpr,
+        TILE_N: gl.constexpr, KS: gl.constexpr, VS: gl.constexpr, BOX: gl.constexpr, Q_SMEM: gl.constexpr,
+        KV_SMEM: gl.constexpr, P_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
     ):
-        """prefill_attention.py's programs with the K/V tiles brought by a loader warp (TMA boxes,
-        ready/empty mbarriers per ring stage) so the 8 compute warps never wait on a gather."""
+        """prefill_attention.py's programs: q to shared memory, then the loader and the two consumers."""
         dtype: gl.constexpr = query_ptr.dtype.element_ty
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
-        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [8, 1], [1, 0])
+        load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [4, 1], [1, 0])
         q_block = num_q_blocks - 1 - gl.program_id(0)  # last blocks (most keys) first
         kv_head = gl.program_id(1)
         seq = _find_sequence(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
@@ -271,37 +251,44 @@ if HAS_GLUON:
         k_hi = context_len + gl.minimum(local_block * BLOCK_Q + BLOCK_Q, q_len)
         table = block_tables_ptr + seq.to(gl.int64) * bt_stride
 
-        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, load_layout))
+        q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], Q_SMEM)
         dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, load_layout))
-        tok = local_block * BLOCK_Q + rows // GROUP
-        head = kv_head * GROUP + rows % GROUP
-        q_ptrs = query_ptr + (q_start + tok).to(gl.int64)[:, None] * q_stride_t + head[:, None] * q_stride_h + dims[None, :]
-        q = gl.load(q_ptrs, mask=(tok < q_len)[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_SMEM, q)
+        for half in gl.static_range(2):
+            rows = half * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, load_layout))
+            tok = local_block * BLOCK_Q + rows // GROUP
+            head = kv_head * GROUP + rows % GROUP
+            ptrs = (query_ptr + (q_start + tok).to(gl.int64)[:, None] * q_stride_t + head[:, None] * q_stride_h
+                    + dims[None, :])
+            q_smem.index(half).store(gl.load(ptrs, mask=(tok < q_len)[:, None] & (dims < HEAD_DIM)[None, :], other=0.0))
         fence_async_shared()
-        k_bufs = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_SMEM)
-        v_bufs = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_SMEM)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+        k_bufs = gl.allocate_shared_memory(dtype, [KS, TILE_N, HEAD_DIM], KV_SMEM)
+        v_bufs = gl.allocate_shared_memory(dtype, [VS, TILE_N, HEAD_DIM], KV_SMEM)
+        p_smem = gl.allocate_shared_memory(dtype, [4, 64, TILE_N], P_SMEM)  # P_BUFFERS a consumer
+        k_ready = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(KS):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # each consumer hands the stage back
+        for i in gl.static_range(VS):
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=2)
+        seq_end = context_len + q_len
         n_tiles = gl.cdiv(k_hi, TILE_N)
         n_open = gl.maximum(((first_q + 1) // TILE_N) - 1, 0)
-        acc, l_o = gl.warp_specialize([
-            (_ws_compute, (q_smem, k_bufs, v_bufs, ready, empty, k_hi, first_q, n_tiles, n_open, scale_log2, GROUP,
-                           BLOCK_M, HEAD_DIM, TILE_N, STAGES)),
-            (_ws_loader, (k_desc, v_desc, k_bufs, v_bufs, ready, empty, table, k_hi, kv_head * HEAD_DIM, n_tiles,
-                          BLOCK_SIZE, TILE_N, BOX, STAGES)),
-        ], [1], [LOADER_REGS])
-
-        out = acc / l_o[:, None]
-        rows_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-        dims_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        tok_o = local_block * BLOCK_Q + rows_o // GROUP
-        head_o = kv_head * GROUP + rows_o % GROUP
-        o_ptrs = out_ptr + (q_start + tok_o).to(gl.int64)[:, None] * o_stride_t + head_o[:, None] * o_stride_h + dims_o[None, :]
-        gl.store(o_ptrs, out.to(dtype), mask=(tok_o < q_len)[:, None] & (dims_o < HEAD_DIM)[None, :])
+        out_row0 = q_start + local_block * BLOCK_Q
+        q_len_left = q_len - local_block * BLOCK_Q
+        gl.warp_specialize([
+            (kv_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, table, seq_end,
+                         kv_head * HEAD_DIM, n_tiles, BLOCK_SIZE, TILE_N, BOX, KS, VS)),
+            (_consumer, (q_smem, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
+                         first_q, n_tiles, n_open, scale_log2, out_row0, q_len_left, kv_head * GROUP, o_stride_t,
+                         o_stride_h, 0, GROUP, HEAD_DIM, TILE_N, KS, VS, PINGPONG)),
+            (_consumer, (q_smem, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
+                         first_q, n_tiles, n_open, scale_log2, out_row0, q_len_left, kv_head * GROUP, o_stride_t,
+                         o_stride_h, 1, GROUP, HEAD_DIM, TILE_N, KS, VS, PINGPONG)),
+        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
 def hopper_prefill_attention(
@@ -314,11 +301,11 @@ def hopper_prefill_attention(
     scale: float,
     out: torch.Tensor | None = None,
     min_query_len: int = 0,
-    stages: int = STAGES,
-    tile_n: int = TILE_N,
+    pingpong: bool = True,
 ) -> torch.Tensor:
     """Causal paged attention of the sequences with >= min_query_len new tokens (prefill_attention's
-    contract, no sliding window); rows of other sequences are left untouched in out."""
+    contract, no sliding window); rows of other sequences are left untouched in out. pingpong=False
+    lets the two consumers run free (no turns at the tensor cores; measured ~10% slower)."""
     check_attention_inputs(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, None)
     if not supports(query, kv_cache, None):
         raise ValueError(f"hopper_prefill_attention: unsupported batch (dtype {query.dtype}, cache {kv_cache.dtype}, "
@@ -327,21 +314,31 @@ def hopper_prefill_attention(
     if out is None:
         out = torch.empty_like(query)
     check_output(out, query)
-    check_same_device(_hopper_prefill_ws_kernel, query=query, kv_cache=kv_cache, query_start_loc=query_start_loc,
+    check_same_device(_hopper_prefill_kernel, query=query, kv_cache=kv_cache, query_start_loc=query_start_loc,
                       seq_lens=seq_lens, block_tables=block_tables, out=out)
     return _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scale, out, min_query_len,
-                   stages, tile_n)
+                   pingpong)
+
+
+def _smem_bytes(head_dim: int, itemsize: int) -> int:
+    """q, the K and V rings and the P buffers of both consumers."""
+    return ((BLOCK_M + (K_STAGES + V_STAGES) * TILE_N) * head_dim + 2 * P_BUFFERS * 64 * TILE_N) * itemsize
 
 
 def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scale, out, min_query_len,
-            stages, tile_n=TILE_N) -> torch.Tensor:
+            pingpong=True) -> torch.Tensor:
     """The launch without `supports`' shape gate (GPU tests of shapes not yet admitted call it):
     any Hopper-resident 16-bit batch with head_dim 64 or 128, a power-of-two group <= BLOCK_M and
-    blocks of 16, 32, 64 or a multiple of 64 tokens."""
-    if stages < 3:
-        raise ValueError(f"hopper_prefill_attention: stages must be >= 3 (tiles j .. j + 2 in the ring), got {stages}.")
+    blocks of 16, 32, 64 or a multiple of 128 tokens."""
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    box = min(block_size, TILE_N)
+    if box < 16 or TILE_N % box or block_size % box or head_dim not in (64, 128):
+        raise ValueError(f"hopper_prefill_attention: block size {block_size} / head_dim {head_dim} not laid out "
+                         "(blocks of 16, 32, 64 or a multiple of 128 tokens; head_dim 64 or 128).")
+    smem = _smem_bytes(head_dim, query.element_size())
+    if smem > SMEM_BYTES:  # a guard for edits to the constants above
+        raise ValueError(f"hopper_prefill_attention: {smem} bytes of shared memory, more than Hopper's {SMEM_BYTES}.")
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
@@ -349,29 +346,19 @@ def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, 
     gl_dtype = gl.bfloat16 if query.dtype == torch.bfloat16 else gl.float16
     k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_blocks, block_size, kv_heads, dim], contiguous
     rows, cols = k_cache.shape[0] * block_size, num_kv_heads * head_dim
-    if tile_n not in (64, 128):
-        raise ValueError(f"hopper_prefill_attention: tile_n must be 64 or 128, got {tile_n}.")
-    smem = (2 * stages * tile_n + BLOCK_M) * head_dim * query.element_size()
-    if smem > SMEM_BYTES:
-        raise ValueError(f"hopper_prefill_attention: {stages} stages of {tile_n} keys need {smem} bytes of shared "
-                         f"memory, more than Hopper's {SMEM_BYTES}.")
-    kv_smem = gl.NVMMASharedLayout.get_default_for([tile_n, head_dim], gl_dtype)
-    box = min(block_size, tile_n)
-    if box < 16 or tile_n % box or block_size % box or head_dim not in (64, 128):
-        raise ValueError(f"hopper_prefill_attention: block size {block_size} / head_dim {head_dim} not laid out "
-                         "(blocks of 16, 32, 64 or a multiple of 64 tokens; head_dim 64 or 128).")
+    kv_smem = gl.NVMMASharedLayout.get_default_for([TILE_N, head_dim], gl_dtype)
     k_desc, v_desc = (TensorDescriptor(cache.view(rows, cols), [rows, cols], [cols, 1], [box, head_dim], kv_smem)
                       for cache in (k_cache, v_cache))
     num_q_blocks = num_tokens // block_q + num_seqs
-    kernel = _hopper_prefill_ws_kernel[(num_q_blocks, num_kv_heads)](
+    kernel = _hopper_prefill_kernel[(num_q_blocks, num_kv_heads)](
         out, query, k_desc, v_desc, block_tables, seq_lens, query_start_loc, num_seqs, num_q_blocks, min_query_len,
         scale * LOG2_E, query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=BLOCK_M, TILE_N=tile_n,
-        STAGES=stages, BOX=box, Q_SMEM=gl.NVMMASharedLayout.get_default_for([BLOCK_M, head_dim], gl_dtype),
-        KV_SMEM=kv_smem, LOADER_REGS=WS_LOADER_REGS, num_warps=NUM_WARPS, maxnreg=WS_MAXNREG)
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE_N=TILE_N, KS=K_STAGES,
+        VS=V_STAGES, BOX=box, Q_SMEM=gl.NVMMASharedLayout.get_default_for([64, head_dim], gl_dtype), KV_SMEM=kv_smem,
+        P_SMEM=gl.NVMMASharedLayout.get_default_for([64, TILE_N], gl_dtype), CONSUMER_REGS=CONSUMER_REGS,
+        PINGPONG=pingpong, num_warps=LOADER_WARPS, maxnreg=WS_MAXNREG)
     check_compiled(kernel, "the Gluon prefill")  # a racy compilation raises; the backend falls back
     return out
-
 
 
 __all__ = ["hopper_prefill_attention", "supports", "HAS_GLUON"]

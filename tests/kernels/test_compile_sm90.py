@@ -41,7 +41,7 @@ def test_every_kernel_compiles_for_sm90_without_spills():
         "_reshape_and_cache_kernel", "_unified_attention_kernel", "_paged_decode_kernel",
         "_merge_splits_kernel", "_rms_norm_kernel", "_rotary_kernel", "_silu_and_mul_kernel",
         "_lora_shrink_kernel", "_lora_expand_kernel",
-        "_prefill_attention_kernel", "_hopper_prefill_ws_kernel", "_gumbel_sample_kernel",
+        "_prefill_attention_kernel", "_hopper_prefill_kernel", "_gumbel_sample_kernel",
         "_apply_bitmask_kernel", "_qk_norm_rope_kernel", "_w4a16_gemv_kernel", "_gemv_kernel",
         "_fp8_gemm_kernel", "_fp8_sum_splits_kernel", "_quantize_per_token_kernel",
         "_silu_and_mul_fp8_kernel", "_sum_partials_kernel", "_argmax_split_kernel", "_argmax_merge_kernel",
@@ -52,7 +52,7 @@ def test_every_kernel_compiles_for_sm90_without_spills():
         assert row[-1] == "-", f"{row[0]}: griddepcontrol.wait compiled in without --pdl"
     prefill = [row for row in rows if row[0] == "_unified_attention_kernel" and "max_query_len=512" in " ".join(row)]
     assert prefill and prefill[0][-2] == "HGMMA", "prefill tiles should use Hopper's wgmma"
-    prefill_kernel = [row for row in rows if row[0] in ("_prefill_attention_kernel", "_hopper_prefill_ws_kernel")]
+    prefill_kernel = [row for row in rows if row[0] in ("_prefill_attention_kernel", "_hopper_prefill_kernel")]
     assert len(prefill_kernel) == 2 and all(row[-2] == "HGMMA" for row in prefill_kernel), "wgmma serialized?"
     fp8 = [row for row in rows if row[0] == "_fp8_gemm_kernel"]
     assert fp8 and all(row[-2] == "QGMMA" for row in fp8), "the FP8 GEMM should use Hopper's FP8 wgmma"
