@@ -6,13 +6,12 @@
   registers) before the `WARPGROUP.DEPBAR.LE gsb0, 0x0` that retires it. ptxas does not guard
   those registers. A dep of Gluon's warpgroup_mma_wait keeps P's 16-bit values alive to the wait
   but not the packed 32-bit registers the wgmma reads, so whether the next tile's softmax lands on
-  them is ptxas's choice, compilation by compilation (NaN on the GPU when it does, session 18).
+  them is ptxas's choice, compilation by compilation (NaN on the GPU when it did, session 18).
 
-- `check_compiled(kernel, name)`: once per compilation, refuse a racy one.
-
-compile_report.py reads every kernel it compiles; prefill_attention_hopper.py checks each
-compilation of its kernel at its first launch (the attention backend then falls back to the
-Triton kernel).
+compile_report.py reads every kernel it compiles and marks such a kernel `HGMMA-race`. The Gluon
+prefill checked each compilation at its first launch while it kept P in registers (session 18);
+since session 19 its P V reads P from shared memory, so there is no register operand to race on
+and the run-time check went.
 """
 
 from __future__ import annotations
@@ -21,10 +20,6 @@ import os
 import re
 import subprocess
 import tempfile
-
-from folio.logger import init_logger
-
-logger = init_logger(__name__)
 
 
 def cuobjdump(cubin: bytes, option: str) -> str:
@@ -42,29 +37,6 @@ def cuobjdump(cubin: bytes, option: str) -> str:
 
 def sass_of(cubin: bytes) -> str:
     return cuobjdump(cubin, "-sass")
-
-
-_CHECKED: dict[str, int] = {}  # compiled kernel's hash -> races found in its SASS
-
-
-def check_compiled(kernel, name: str) -> None:
-    """Once per compilation (call it after each launch; the first one reads): raise if ptxas
-    placed a write to a register-A wgmma's operand under the wgmma (wgmma_operand_races). The
-    output of that launch is then suspect; the caller's fallback recomputes it. A SASS that
-    cannot be read (no cuobjdump) passes: the sm_90 compile test covers the shapes with the
-    Triton folio ships with. kernel None (compile_report's stand-in launch) is not checked."""
-    if kernel is None:
-        return
-    key = getattr(kernel, "hash", None) or str(id(kernel))
-    if key not in _CHECKED:
-        try:
-            _CHECKED[key] = wgmma_operand_races(sass_of(kernel.asm["cubin"]))
-        except Exception as e:  # noqa: BLE001 - a check we cannot run is not a failure of the kernel
-            logger.debug("Could not read the SASS of %s (%s); not checked.", name, e)
-            _CHECKED[key] = 0
-    if _CHECKED[key]:
-        raise RuntimeError(f"ptxas reuses P's registers under a running P V in this compilation of {name} "
-                           f"({_CHECKED[key]} places in its SASS): its output would be wrong.")
 
 
 def wgmma_operand_races(sass: str) -> int:

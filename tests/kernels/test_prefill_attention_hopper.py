@@ -51,32 +51,6 @@ def test_shared_memory_fits_hopper():
     assert hopper._smem_bytes(128, 2) == 229_376 <= hopper.SMEM_BYTES
 
 
-def test_a_compilation_whose_sass_races_on_p_is_refused_once_checked(monkeypatch):
-    """check_compiled reads each compilation's SASS once: a racy one raises (the backend then
-    recomputes with the Triton kernel), a clean one passes, and an unreadable one passes."""
-    from types import SimpleNamespace
-
-    racy = ("/*0010*/ HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88, gsb0 ;\n"
-            "/*0020*/ FSEL R154, R92, -INF , !P0 ;\n/*0030*/ WARPGROUP.DEPBAR.LE gsb0, 0x0 ;")
-    from folio.kernels import sass_checks
-
-    def check(kernel):
-        return sass_checks.check_compiled(kernel, "the Gluon prefill")
-
-    reads = []
-    monkeypatch.setattr(sass_checks, "sass_of", lambda cubin: reads.append(cubin) or cubin.decode())
-    monkeypatch.setattr(sass_checks, "_CHECKED", {})
-    assert hopper.check_compiled is sass_checks.check_compiled  # the kernel's launch takes this check
-    kernel = SimpleNamespace(hash="racy", asm={"cubin": racy.encode()})
-    for _ in range(2):
-        with pytest.raises(RuntimeError, match="reuses P's registers"):
-            check(kernel)
-    check(SimpleNamespace(hash="clean", asm={"cubin": racy.replace("R154", "R156").encode()}))
-    assert len(reads) == 2, "each compilation is read once"
-    check(SimpleNamespace(hash="no-cubin", asm={}))  # unreadable: not refused
-    check(None)
-
-
 def test_backend_takes_the_gluon_kernel_unless_told_not_to(monkeypatch):
     from folio.attention.backends.triton_backend import TritonAttentionBackend
 

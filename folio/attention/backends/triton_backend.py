@@ -10,9 +10,8 @@
   prefill_kernel=False) keeps the unified kernel for all of it. On Hopper the long chunks take the
   Gluon kernel (prefill_attention_hopper.py: a loader warpgroup and two consumers taking turns,
   14-19% faster on 8k chunks, sessions 17-19) where it supports the batch; FOLIO_PREFILL_KERNEL=triton
-  keeps the Triton one, and a Gluon failure (a Triton whose Gluon API differs, or a compilation
-  whose SASS fails the kernel's register check) is logged once, the batch is recomputed by the
-  Triton kernel, and it keeps that kernel.
+  keeps the Triton one, and a Gluon failure (a Triton whose Gluon API differs) is logged once, the
+  batch is recomputed by the Triton kernel, and it keeps that kernel.
 
 forward never synchronises with the device: launch shapes come from host ints in the metadata
 (num_seqs, max_query_len, is_decode_only) and tensor shapes. For CUDA graphs of decode steps the
@@ -109,7 +108,7 @@ class TritonAttentionBackend(AttentionBackend):
                     query, kv_cache, sliding_window):
                 try:
                     return prefill_attention_hopper.hopper_prefill_attention(*args, scale, out=out)
-                except Exception as e:  # noqa: BLE001 - a Triton whose Gluon differs, a racy compile: keep serving
+                except Exception as e:  # noqa: BLE001 - a Triton whose Gluon differs: keep serving
                     self.hopper_prefill = False
                     logger.warning("The Gluon prefill kernel failed (%s: %s); long prompt chunks use the Triton "
                                    "kernel from now on.", type(e).__name__, e)
