@@ -155,6 +155,7 @@ if HAS_GLUON:
         mbarrier.wait(k_ready.index((j + 1) % KS), ((j + 1) // KS) & 1)
         mbarrier.wait(v_ready.index(j % VS), (j // VS) & 1)
         acc = warpgroup_mma_wait(0, deps=(acc,))
+        gl.thread_barrier()  # each warp's share of the wgmma retires on its own: all four, then the arrive
         mbarrier.arrive(v_empty.index((j + VS - 1) % VS), count=1, pred=j > 0)
         v_buf = v_bufs.index(j % VS)
         if MASKED:
@@ -169,6 +170,7 @@ if HAS_GLUON:
         if PINGPONG:
             _named_barrier("bar.arrive", 9 - HALF)  # the other's turn
         s = warpgroup_mma_wait(1, deps=(s_next,))
+        gl.thread_barrier()
         mbarrier.arrive(k_empty.index((j + 1) % KS), count=1)
         p_next, alpha, m_i, l_i = _softmax_step(s, (j + 1) * TILE_N, 0, q_pos, k_hi, m_i, l_i, scale_log2, MASKED,
                                                 TILE_N, s_cols)
@@ -200,6 +202,7 @@ if HAS_GLUON:
                 _named_barrier("bar.arrive", 8)  # warpgroup 0 goes first
         mbarrier.wait(k_ready.index(0), 0)
         s = warpgroup_mma(q_half, k_bufs.index(0).permute((1, 0)), zeros_s, use_acc=False)
+        gl.thread_barrier()
         mbarrier.arrive(k_empty.index(0), count=1)
         p, alpha, m_i, l_i = _softmax_step(s, 0, 0, q_pos, k_hi, gl.full([64], float("-inf"), gl.float32, s_rows),
                                            gl.zeros([64], gl.float32, s_rows), scale_log2, True, TILE_N, s_cols)
