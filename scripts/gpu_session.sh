@@ -72,7 +72,7 @@ perf-tests) part perf-tests
 kernels-prefill) part kernels-prefill  # prefill kernel vs unified, and its tile sweep
   mkdir -p "$OUT/kprefill"; timeout 240 python3 -m folio.kernels.benchmark --only prefill --sweep \
     --out "$OUT/kprefill" 2>&1 | tail -56 ;;
-prefill-gluon) part prefill-gluon  # issue 11: the Gluon prefill (loader warp): GPU tests, kernel bench, TTFT Gluon vs Triton kernel on both models
+prefill-gluon) part prefill-gluon  # issue 11: the Gluon prefill (loader + two consumers taking turns): GPU tests, kernel bench, TTFT Gluon vs Triton kernel on both models
   timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_prefill_attention_hopper.py 2>&1 | tail -3
   timeout 200 python3 -m folio.kernels.benchmark --only prefill 2>&1 | grep -E "chunk|prefill 8x" | tail -24
   for MK in $QWEN:triton $QWEN:gluon $QWEN:triton $QWEN:gluon $LLAMA:triton $LLAMA:gluon; do M=${MK%:*}; K=${MK#*:}
