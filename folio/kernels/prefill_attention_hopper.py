@@ -146,7 +146,7 @@ if HAS_GLUON:
     @gluon.jit
     def _step(j, acc, alpha, m_i, l_i, q_half, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, k_hi,
               seq_end, q_pos, scale_log2, zeros_s, HALF: gl.constexpr, MASKED: gl.constexpr, TILE_N: gl.constexpr,
-              KS: gl.constexpr, VS: gl.constexpr, o_rows: gl.constexpr, s_cols: gl.constexpr,
+              KS: gl.constexpr, VS: gl.constexpr, PB: gl.constexpr, o_rows: gl.constexpr, s_cols: gl.constexpr,
               load_layout: gl.constexpr, PINGPONG: gl.constexpr):
         """Step j of one consumer: wait for P(j-1) V(j-1) (left running under the last softmax; waiting
         here, not after the softmax, keeps ptxas from hoisting the wait above the exponentials) and
@@ -166,7 +166,7 @@ if HAS_GLUON:
         s_next = warpgroup_mma(q_half, k_bufs.index((j + 1) % KS).permute((1, 0)), zeros_s, use_acc=False,
                                is_async=True)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        pv = warpgroup_mma(p_smem.index(2 * HALF + j % 2), v_buf, acc, is_async=True)
+        pv = warpgroup_mma(p_smem.index(PB * HALF + j % PB), v_buf, acc, is_async=True)
         if PINGPONG:
             _named_barrier("bar.arrive", 9 - HALF)  # the other's turn
         s = warpgroup_mma_wait(1, deps=(s_next,))
@@ -174,7 +174,7 @@ if HAS_GLUON:
         mbarrier.arrive(k_empty.index((j + 1) % KS), count=1)
         p_next, alpha, m_i, l_i = _softmax_step(s, (j + 1) * TILE_N, 0, q_pos, k_hi, m_i, l_i, scale_log2, MASKED,
                                                 TILE_N, s_cols)
-        p_smem.index(2 * HALF + (j + 1) % 2).store(p_next.to(q_half.dtype))  # its last reader, P(j-1) V(j-1), is done
+        p_smem.index(PB * HALF + (j + 1) % PB).store(p_next.to(q_half.dtype))  # its last reader, P(j-1) V(j-1), is done
         fence_async_shared()
         gl.thread_barrier()
         return pv, alpha, m_i, l_i
@@ -183,7 +183,7 @@ if HAS_GLUON:
     def _consumer(q_smem, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
                   first_q, n_tiles, n_open, scale_log2, out_row0, q_len_left, head0, o_stride_t, o_stride_h,
                   HALF: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, TILE_N: gl.constexpr,
-                  KS: gl.constexpr, VS: gl.constexpr, PINGPONG: gl.constexpr):
+                  KS: gl.constexpr, VS: gl.constexpr, PB: gl.constexpr, PINGPONG: gl.constexpr):
         """One warpgroup's 64 rows (HALF 0 or 1 of the program's 128): tile 0, the loop, the output."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, TILE_N, 16])
@@ -206,17 +206,17 @@ if HAS_GLUON:
         mbarrier.arrive(k_empty.index(0), count=1)
         p, alpha, m_i, l_i = _softmax_step(s, 0, 0, q_pos, k_hi, gl.full([64], float("-inf"), gl.float32, s_rows),
                                            gl.zeros([64], gl.float32, s_rows), scale_log2, True, TILE_N, s_cols)
-        p_smem.index(2 * HALF).store(p.to(q_half.dtype))  # this consumer's buffers: 2 * HALF, 2 * HALF + 1
+        p_smem.index(PB * HALF).store(p.to(q_half.dtype))  # this consumer's buffers: PB * HALF ..
         fence_async_shared()
         gl.thread_barrier()
         for j in range(0, n_open):
             acc, alpha, m_i, l_i = _step(j, acc, alpha, m_i, l_i, q_half, p_smem, k_bufs, v_bufs, k_ready, k_empty,
                                          v_ready, v_empty, k_hi, seq_end, q_pos, scale_log2, zeros_s, HALF, False,
-                                         TILE_N, KS, VS, o_rows, s_cols, load_layout, PINGPONG)
+                                         TILE_N, KS, VS, PB, o_rows, s_cols, load_layout, PINGPONG)
         for j in range(n_open, n_tiles):
             acc, alpha, m_i, l_i = _step(j, acc, alpha, m_i, l_i, q_half, p_smem, k_bufs, v_bufs, k_ready, k_empty,
                                          v_ready, v_empty, k_hi, seq_end, q_pos, scale_log2, zeros_s, HALF, True,
-                                         TILE_N, KS, VS, o_rows, s_cols, load_layout, PINGPONG)
+                                         TILE_N, KS, VS, PB, o_rows, s_cols, load_layout, PINGPONG)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         if PINGPONG:
             if HALF == 0:
@@ -234,8 +234,9 @@ if HAS_GLUON:
         out_ptr, query_ptr, k_desc, v_desc, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
         num_seqs, num_q_blocks, min_query_len, scale_log2, q_stride_t, q_stride_h, o_stride_t, o_stride_h, bt_stride,
         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr,
-        TILE_N: gl.constexpr, KS: gl.constexpr, VS: gl.constexpr, BOX: gl.constexpr, Q_SMEM: gl.constexpr,
-        KV_SMEM: gl.constexpr, P_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
+        TILE_N: gl.constexpr, KS: gl.constexpr, VS: gl.constexpr, PB: gl.constexpr, BOX: gl.constexpr,
+        Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, P_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        PINGPONG: gl.constexpr,
     ):
         """prefill_attention.py's programs: q to shared memory, then the loader and the two consumers."""
         dtype: gl.constexpr = query_ptr.dtype.element_ty
@@ -265,7 +266,7 @@ if HAS_GLUON:
         fence_async_shared()
         k_bufs = gl.allocate_shared_memory(dtype, [KS, TILE_N, HEAD_DIM], KV_SMEM)
         v_bufs = gl.allocate_shared_memory(dtype, [VS, TILE_N, HEAD_DIM], KV_SMEM)
-        p_smem = gl.allocate_shared_memory(dtype, [4, 64, TILE_N], P_SMEM)  # P_BUFFERS a consumer
+        p_smem = gl.allocate_shared_memory(dtype, [2 * PB, 64, TILE_N], P_SMEM)  # PB a consumer
         k_ready = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
@@ -286,10 +287,10 @@ if HAS_GLUON:
                          kv_head * HEAD_DIM, n_tiles, BLOCK_SIZE, TILE_N, BOX, KS, VS)),
             (_consumer, (q_smem, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
                          first_q, n_tiles, n_open, scale_log2, out_row0, q_len_left, kv_head * GROUP, o_stride_t,
-                         o_stride_h, 0, GROUP, HEAD_DIM, TILE_N, KS, VS, PINGPONG)),
+                         o_stride_h, 0, GROUP, HEAD_DIM, TILE_N, KS, VS, PB, PINGPONG)),
             (_consumer, (q_smem, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
                          first_q, n_tiles, n_open, scale_log2, out_row0, q_len_left, kv_head * GROUP, o_stride_t,
-                         o_stride_h, 1, GROUP, HEAD_DIM, TILE_N, KS, VS, PINGPONG)),
+                         o_stride_h, 1, GROUP, HEAD_DIM, TILE_N, KS, VS, PB, PINGPONG)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -334,6 +335,9 @@ def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, 
     blocks of 16, 32, 64 or a multiple of 128 tokens."""
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    if num_heads % num_kv_heads or BLOCK_M % (num_heads // num_kv_heads):
+        raise ValueError(f"hopper_prefill_attention: {num_heads} query heads over {num_kv_heads} KV heads; the "
+                         f"group must divide the {BLOCK_M} rows of a program.")
     box = min(block_size, TILE_N)
     if box < 16 or TILE_N % box or block_size % box or head_dim not in (64, 128):
         raise ValueError(f"hopper_prefill_attention: block size {block_size} / head_dim {head_dim} not laid out "
@@ -356,9 +360,9 @@ def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, 
         out, query, k_desc, v_desc, block_tables, seq_lens, query_start_loc, num_seqs, num_q_blocks, min_query_len,
         scale * LOG2_E, query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE_N=TILE_N, KS=K_STAGES,
-        VS=V_STAGES, BOX=box, Q_SMEM=gl.NVMMASharedLayout.get_default_for([64, head_dim], gl_dtype), KV_SMEM=kv_smem,
-        P_SMEM=gl.NVMMASharedLayout.get_default_for([64, TILE_N], gl_dtype), CONSUMER_REGS=CONSUMER_REGS,
-        PINGPONG=pingpong, num_warps=LOADER_WARPS, maxnreg=WS_MAXNREG)
+        VS=V_STAGES, PB=P_BUFFERS, BOX=box, Q_SMEM=gl.NVMMASharedLayout.get_default_for([64, head_dim], gl_dtype),
+        KV_SMEM=kv_smem, P_SMEM=gl.NVMMASharedLayout.get_default_for([64, TILE_N], gl_dtype),
+        CONSUMER_REGS=CONSUMER_REGS, PINGPONG=pingpong, num_warps=LOADER_WARPS, maxnreg=WS_MAXNREG)
     return out
 
 

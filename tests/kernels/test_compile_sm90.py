@@ -59,19 +59,22 @@ def test_every_kernel_compiles_for_sm90_without_spills():
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_the_gluon_prefill_has_no_wgmma_race_at_any_shape_it_admits(dtype):
+def test_the_gluon_prefill_pipelines_at_every_shape_it_admits(dtype):
     """Every (query heads a KV head, block size) `supports` lets in, compiled for sm_90: no spill,
-    no serialized wgmma, and no write to P's packed registers while the P V reading them runs
-    (ptxas is free to make one; session 18's first GPU call read NaN from it)."""
-    from folio.kernels.prefill_attention_hopper import ADMITTED_BLOCKS, ADMITTED_GROUPS, HAS_GLUON
+    no serialized wgmma (ptxas serializes all of a kernel's wgmma when one partition is short of
+    registers), no write to a register operand of a running wgmma (session 18's NaN), and the
+    shared memory the launch budgets for (`_smem_bytes`) covers what the kernel allocates."""
+    from folio.kernels.prefill_attention_hopper import (ADMITTED_BLOCKS, ADMITTED_GROUPS, HAS_GLUON, SMEM_BYTES,
+                                                        _smem_bytes)
 
     if not HAS_GLUON:
         pytest.skip("needs Triton's Gluon")
     rows = _report("--gluon-shapes", "--dtype", dtype)
     assert len(rows) == len(ADMITTED_GROUPS) * len(ADMITTED_BLOCKS)
     for row in rows:
-        regs, stack = int(row[-7]), int(row[-6])
+        regs, stack, smem = int(row[-7]), int(row[-6]), int(row[-5])
         assert regs > 0 and stack == 0 and row[-2] == "HGMMA", " ".join(row)
+        assert _smem_bytes(128, 2) <= smem <= min(_smem_bytes(128, 2) + 1_024, SMEM_BYTES), " ".join(row)
 
 
 # The kernels of a decode step that take programmatic dependent launch on Hopper.

@@ -46,9 +46,36 @@ def test_launch_refuses_layouts_it_has_no_boxes_for_before_compiling(head_dim, b
                        0.1, torch.empty_like(batch.query), 0)
 
 
-def test_shared_memory_fits_hopper():
-    """q, the K and V rings and both consumers' P buffers: 224 KB (the launch checks it too)."""
-    assert hopper._smem_bytes(128, 2) == 229_376 <= hopper.SMEM_BYTES
+@pytest.mark.skipif(not hopper.HAS_GLUON, reason="needs Triton's Gluon")
+def test_launch_refuses_groups_that_do_not_divide_a_program_before_compiling():
+    """48 query heads over 16 KV heads: 3 rows a token would split a token across programs."""
+    batch = make_paged_batch([300], [300], 48, 16, 128, 16, dtype=torch.bfloat16)
+    md = batch.metadata
+    with pytest.raises(ValueError, match="group must divide"):
+        hopper._launch(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables, md.num_seqs,
+                       0.1, torch.empty_like(batch.query), 0)
+
+
+def _poison_outside_sequences(batch) -> None:
+    """NaN (and inf in part of V) in every cache slot no sequence owns: the slots past each
+    sequence's end in its last block, the spare blocks, and block 0, which the kernel's boxes read
+    past a sequence's end and the tables' padding points at (its owner, if any, is moved to a
+    spare block first)."""
+    md, cache, size = batch.metadata, batch.kv_cache, batch.kv_cache.shape[2]
+    owned = [md.block_tables[i, :-(-n // size)] for i, n in enumerate(md.seq_lens_cpu)]
+    used = set(torch.cat(owned).tolist())
+    spare = sorted(set(range(cache.shape[1])) - used)
+    if 0 in used:
+        new = spare.pop(0)
+        cache[:, new] = cache[:, 0]
+        for row in owned:  # views into block_tables: the padding columns keep pointing at block 0
+            row[row == 0] = new
+        spare.append(0)
+    for i, n in enumerate(md.seq_lens_cpu):
+        cache[:, int(md.block_tables[i, (n - 1) // size]), n % size or size:] = float("nan")
+    for b in spare:
+        cache[:, b] = float("nan")
+        cache[1, b, :, :, ::3] = float("inf")
 
 
 def test_backend_takes_the_gluon_kernel_unless_told_not_to(monkeypatch):
@@ -188,34 +215,33 @@ def test_stale_non_finite_cache_slots_do_not_leak():
 
 @pytest.mark.gpu
 @needs_hopper
-def test_non_finite_spare_blocks_and_stale_slots_do_not_leak():
-    """Spare blocks (no table points at them) and the slots past each sequence's end hold NaN;
-    chunks of several q blocks, so the diagonal tiles of inner q blocks read the chunk's own later
-    tokens (valid, left as they are) and only tiles past a sequence's end are zeroed."""
+def test_non_finite_slots_outside_the_sequences_do_not_leak():
+    """Chunks of several q blocks (the diagonal tiles of inner q blocks read the chunk's own later
+    tokens, left as they are; only tiles past a sequence's end are zeroed) with every slot no
+    sequence owns non-finite, block 0 included."""
     batch = make_paged_batch([700, 300, 129], [900, 300, 1000], 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda",
                              seed=11, spare_blocks=6)
-    md = batch.metadata
-    used = set()
-    for i, seq_len in enumerate(md.seq_lens_cpu):
-        n = -(-seq_len // 16)
-        used |= set(md.block_tables[i, :n].tolist())
-        batch.kv_cache[:, int(md.block_tables[i, n - 1]), seq_len % 16 or 16:] = float("nan")
-    for b in set(range(batch.kv_cache.shape[1])) - used:
-        batch.kv_cache[:, b] = float("nan")
+    _poison_outside_sequences(batch)
     out, expected = _run(batch)
     assert_close(out, expected, torch.bfloat16)
 
 
 @pytest.mark.gpu
 @needs_hopper
-def test_same_inputs_give_the_same_bits():
-    """The consumers share the zeroed V rows and the rings: a race between them would show as runs
-    that differ."""
+def test_long_chunks_on_poisoned_caches_give_the_same_bits_every_run():
+    """Both consumers zero the stale V rows of the last tile and share the rings: the first run
+    matches the reference, and five more give the same bits."""
     batch = make_paged_batch([8192, 700], [30000, 900], 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda", seed=3)
-    first, _ = _run(batch)
+    _poison_outside_sequences(batch)
+    first, expected = _run(batch, scale=128**-0.5)
+    real = batch.real_rows.cuda()
+    assert_close(first[real], expected[real], torch.bfloat16)
+    md = batch.metadata
     for _ in range(5):
-        again, _ = _run(batch)
-        assert torch.equal(first, again)
+        again = torch.full_like(batch.query, float("nan"))
+        hopper.hopper_prefill_attention(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables,
+                                        md.num_seqs, 128**-0.5, out=again)
+        assert torch.equal(first[real], again[real])
 
 
 @pytest.mark.gpu
