@@ -133,8 +133,10 @@ if HAS_GLUON:
     @gluon.jit
     def _zero_v_past(buf, j, k_hi, TILE_N: gl.constexpr, load_layout: gl.constexpr):
         """Tile j's V rows of keys >= k_hi set to 0, 16 rows at a time (a whole tile in registers
-        costs a warpgroup 64 of them). Both consumers write the same zeros, so neither waits for
-        the other."""
+        costs a warpgroup 64 of them). Both consumers do it, so neither waits for the other: each
+        byte is written with the value it holds or with 0 both times, but by the letter of the
+        memory model that races with the other's wgmma reading the tile (one writer would need a
+        256-thread barrier on that tile; not measured)."""
         for r0 in gl.static_range(0, TILE_N, 16):
             rows = buf.slice(r0, 16)
             k_pos = j * TILE_N + r0 + gl.arange(0, 16, layout=gl.SliceLayout(1, load_layout))
