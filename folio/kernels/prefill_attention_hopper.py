@@ -5,8 +5,8 @@ chunks (docs/perf-notes.md, sessions 17-19 for what was tried and measured).
 
 A program owns (q block, KV head) as the Triton kernel does: BLOCK_M = 128 rows of BLOCK_Q query
 tokens x the GROUP heads of one KV head, q in shared memory for the whole loop.
-- `hopper_kv_loader.kv_loader` (default partition): one TMA box per run of keys in a block, K and V in rings of
-  their own (K(j+1) handed back once S(j+1) is done, V(j) once P(j) V(j) is).
+- `hopper_kv_loader.kv_loader` (the default partition): one TMA box per run of keys in a block, K
+  and V in rings of their own (K(j+1) handed back once S(j+1) is done, V(j) once P(j) V(j) is).
 - `_consumer` (two 64-row worker partitions), step j: in this warpgroup's turn (named barriers 8
   and 9) issue S(j+1) = q K(j+1)^T and P(j) V(j), hand the turn over, and run tile j + 1's softmax
   under the other's products. Tiles are 128 keys, so that the softmax and its fixed costs fit
