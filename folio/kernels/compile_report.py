@@ -162,7 +162,7 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
 
         if prefill_attention_hopper.HAS_GLUON:
             prefill_attention_hopper.hopper_prefill_attention(q, kv, qsl, lens, tables, seqs, 0.1)
-            cases.append("prefill Gluon, loader warp")
+            cases.append("prefill Gluon")
     vocab = 151936  # structured outputs: the grammar mask works on float32 logits whatever the dtype
     apply_token_bitmask_triton(torch.zeros(t, vocab), torch.zeros(t, (vocab + 31) // 32, dtype=torch.int32),
                                torch.arange(t))
@@ -172,9 +172,9 @@ def _launch_all(dtype: torch.dtype, sweep: bool = False) -> list[str]:
 
 def _launch_gluon_shapes(dtype: torch.dtype) -> list[str]:
     """The Gluon prefill at every shape `supports` admits (--gluon-shapes). ptxas allocates
-    registers per compilation, and nothing keeps it from reusing the packed registers of P while
-    the P V that reads them runs (the kernel's wait deps keep P's 16-bit values, not the packed
-    operand): each shape is checked for that race and for serialized wgmma."""
+    registers per compilation and serializes every wgmma of the kernel when one partition runs
+    short (session 19), so each shape is checked for serialized wgmma, spills, its shared memory,
+    and a write to a running wgmma's register operand (none today: P V reads P from shared memory)."""
     from folio.kernels import prefill_attention_hopper as hopper
 
     qsl, lens = torch.arange(9, dtype=torch.int32), torch.full((8,), 100, dtype=torch.int32)
