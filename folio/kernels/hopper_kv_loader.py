@@ -49,9 +49,9 @@ if HAS_GLUON:
             tma.async_copy_global_to_shared(desc, [row, kv_col], bar, buf.slice(b * BOX, BOX))
 
     @gluon.jit
-    def kv_loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, table, seq_end, kv_col, n_tiles,
-                BLOCK_SIZE: gl.constexpr, TILE_N: gl.constexpr, BOX: gl.constexpr, KS: gl.constexpr,
-                VS: gl.constexpr):
+    def kv_loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, table, seq_end, kv_col,
+                  n_tiles, BLOCK_SIZE: gl.constexpr, TILE_N: gl.constexpr, BOX: gl.constexpr, KS: gl.constexpr,
+                  VS: gl.constexpr):
         """K of tiles 0 .. n_tiles (the last one the final step's look-ahead, masked away) and V of
         tiles 0 .. n_tiles - 1, each into its ring once both consumers have handed the stage back."""
         nbytes: gl.constexpr = (TILE_N // BOX) * k_desc.block_type.nbytes

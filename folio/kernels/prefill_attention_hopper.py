@@ -109,7 +109,7 @@ if HAS_GLUON:
         return lo - 1
 
     @gluon.jit
-    def _softmax_step(s, start, first_q, q_pos, k_hi, m_i, l_i, scale_log2, MASKED: gl.constexpr,
+    def _softmax_step(s, start, q_pos, k_hi, m_i, l_i, scale_log2, MASKED: gl.constexpr,
                       TILE_N: gl.constexpr, s_cols: gl.constexpr):
         """(p, alpha, m, l) of the scores s of keys start .. start + TILE_N, m and l in log2 units;
         MASKED: the causal and length masks (a tile past the chunk's end gives p = 0, alpha = 1)."""
@@ -174,7 +174,7 @@ if HAS_GLUON:
         s = warpgroup_mma_wait(1, deps=(s_next,))
         gl.thread_barrier()
         mbarrier.arrive(k_empty.index((j + 1) % KS), count=1)
-        p_next, alpha, m_i, l_i = _softmax_step(s, (j + 1) * TILE_N, 0, q_pos, k_hi, m_i, l_i, scale_log2, MASKED,
+        p_next, alpha, m_i, l_i = _softmax_step(s, (j + 1) * TILE_N, q_pos, k_hi, m_i, l_i, scale_log2, MASKED,
                                                 TILE_N, s_cols)
         p_smem.index(PB * HALF + (j + 1) % PB).store(p_next.to(q_half.dtype))  # its last reader, P(j-1) V(j-1), is done
         fence_async_shared()
@@ -206,7 +206,7 @@ if HAS_GLUON:
         s = warpgroup_mma(q_half, k_bufs.index(0).permute((1, 0)), zeros_s, use_acc=False)
         gl.thread_barrier()
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, m_i, l_i = _softmax_step(s, 0, 0, q_pos, k_hi, gl.full([64], float("-inf"), gl.float32, s_rows),
+        p, alpha, m_i, l_i = _softmax_step(s, 0, q_pos, k_hi, gl.full([64], float("-inf"), gl.float32, s_rows),
                                            gl.zeros([64], gl.float32, s_rows), scale_log2, True, TILE_N, s_cols)
         p_smem.index(PB * HALF).store(p.to(q_half.dtype))  # this consumer's buffers: PB * HALF ..
         fence_async_shared()
