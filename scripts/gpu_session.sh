@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode latency-gap prefill-gluon decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama vs-vllm-prefill-profile; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode latency-gap prefill-gluon decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -175,9 +175,10 @@ wave-tests) part wave-tests  # issues 10, 13, 14, 15, 18 and the vLLM drop-in: e
 structured) part structured  # issue 10: W1 with a JSON schema on every request vs unconstrained
   timeout 400 python3 -m folio bench throughput --structured json-schema --workload w1 --model $QWEN $COMMON \
     --no-progress --json "$OUT/structured-w1.json" 2>&1 | grep -vE "INFO|it/s" | tail -25 ;;
-prefill-profile) part prefill-profile  # issue 11: device time by kernel of one long prompt's prefill (TTFT rows)
-  for C in "$QWEN 30000" "$QWEN 8192" "$LLAMA 30000"; do set -- $C
-    timeout 200 python3 scripts/prefill_profile.py --model $1 --prompt-len $2 2>&1 | grep "^PREFILL"
+prefill-profile|vs-vllm-prefill-profile) part $p  # issue 11: device time by kernel of one long prompt's prefill (TTFT rows), folio or vLLM
+  case $p in vs-*) ENGINE=vllm;; *) ENGINE=folio;; esac
+  for C in ${PROFILE_CASES:-$QWEN:30000 $QWEN:8192 $LLAMA:30000 $LLAMA:8192}; do
+    timeout 200 python3 scripts/prefill_profile.py --engine $ENGINE --model ${C%:*} --prompt-len ${C#*:} 2>&1 | grep "^PREFILL"
   done ;;
 w1-profile) part w1-profile  # issue 13: W1 on the 8B under torch.profiler, bf16 then FP8 (W1_PROFILE_QUANT), kernels by device time
   for Q in ${W1_PROFILE_QUANT:-none fp8}; do  # none, fp8, fp8-kv (FP8 weights and KV cache)
