@@ -178,7 +178,7 @@ structured) part structured  # issue 10: W1 with a JSON schema on every request 
 prefill-profile|vs-vllm-prefill-profile) part $p  # issue 11: device time by kernel of one long prompt's prefill (TTFT rows), folio or vLLM
   case $p in vs-*) ENGINE=vllm;; *) ENGINE=folio;; esac
   for C in ${PROFILE_CASES:-$QWEN:30000 $QWEN:8192 $LLAMA:30000 $LLAMA:8192}; do
-    timeout 200 python3 scripts/prefill_profile.py --engine $ENGINE --model ${C%:*} --prompt-len ${C#*:} 2>&1 | grep "^PREFILL"
+    timeout 200 python3 scripts/prefill_profile.py --engine $ENGINE --model ${C%:*} --prompt-len ${C#*:} 2>&1 | grep -E "^PREFILL|Error"
   done ;;
 w1-profile) part w1-profile  # issue 13: W1 on the 8B under torch.profiler, bf16 then FP8 (W1_PROFILE_QUANT), kernels by device time
   for Q in ${W1_PROFILE_QUANT:-none fp8}; do  # none, fp8, fp8-kv (FP8 weights and KV cache)
