@@ -61,7 +61,8 @@ def timeline(kernels: list[tuple[int, int]]) -> dict[str, float]:
 
 
 def largest_gaps(kernels: list[tuple[int, int, str]], top: int) -> list[tuple[float, str, str]]:
-    """The `top` longest idle gaps between kernels: (ms, the kernel before, the kernel after)."""
+    """The `top` longest idle gaps between kernels, the lead and tail next to the markers included:
+    (ms, the kernel before, the kernel after)."""
     found, cursor, before = [], None, ""
     for a, b, name in sorted(kernels):
         if cursor is not None and a > cursor:
@@ -147,8 +148,6 @@ def main() -> None:
         ms = getattr(e, field) / 1e3
         print(f"PREFILL {ms:8.2f} ms {100 * ms / busy:5.1f}% {e.count:6d} calls {1e3 * ms / e.count:9.1f} us/call  "
               f"{e.key[:90]}")
-
-
     if args.host_profile:
         host_profile(once, args.host_profile)
 
