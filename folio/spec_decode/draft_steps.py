@@ -32,6 +32,7 @@ from folio.attention.metadata import AttentionMetadata
 from folio.kernels.argmax import argmax_rows
 from folio.logger import init_logger
 from folio.models.base import CausalLM
+from folio.worker.cuda_graphs import capturing
 
 logger = init_logger(__name__)
 
@@ -102,7 +103,7 @@ class DraftSteps:
             self._all_steps(size)  # compile and autotune outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with capturing(graph, pool):
                 self.outputs[size] = self._all_steps(size)
             pool = graph.pool() if pool is None else pool
             self.graphs[size] = graph

@@ -24,7 +24,10 @@ the host, not the GPU, sets the pace. A graph replays them all with one launch.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import time
+from collections.abc import Iterator
 
 import torch
 from tqdm import tqdm
@@ -41,6 +44,25 @@ logger = init_logger(__name__)
 # decode step plus split-KV partials: tens of MiB for the models we serve) and the kernels that
 # are compiled during capture. The capture logs what it really took.
 GRAPH_MEMORY_RESERVE = 512 << 20
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool: tuple[int, int] | None) -> Iterator[None]:
+    """torch.cuda.graph, made safe against what else runs in the process: the capture checks only
+    its own thread's CUDA calls (torch's default mode also fails on another thread's, such as a
+    second engine's or a memory query's), and the cyclic garbage collector stays off while it
+    records, so no finalizer of an earlier engine's CUDA objects (events, graphs) runs inside the
+    capture and invalidates it. torch collects garbage on entry. One GPU test run (session 20) saw
+    a capture invalidated after other engines had come and gone in the process; which of the two
+    did it was not pinned down (it did not happen again in three runs), so both are guarded."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -94,7 +116,7 @@ class CudaGraphRunner:
                 self.model(*args)  # compile and autotune outside the capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with capturing(graph, pool):
                     output = self.model(*args)
                 pool = graph.pool() if pool is None else pool
                 graphs, outputs = (self.graphs, self.outputs) if with_lora else (self.base_graphs, self.base_outputs)
