@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from folio.core.request import Request
 
@@ -67,6 +67,21 @@ def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> 
         offset = (i - first) * stride
         hashes.append(_hash_block_bytes(parent, packed[offset : offset + stride], extra if i == 0 else b""))
     return hashes[:num_blocks]
+
+
+def lazy_block_hashes(request: Request, block_size: int, num_blocks: int, batch: int = 32) -> Iterator[BlockHash]:
+    """request_block_hashes(request, block_size, num_blocks), computed `batch` blocks at a time as
+    the caller reads on: a prefix-cache lookup stops at its first miss, so a new 30k-token prompt
+    hashes one batch at admission, not all of its ~1,900 blocks; the rest are hashed when its
+    chunks' blocks are registered (the later ones while the first chunk runs on the device)."""
+    start = 0
+    while start < num_blocks:
+        end = min(num_blocks, max(start + batch, len(request.block_hashes)))
+        request_block_hashes(request, block_size, end)
+        hashes = request.block_hashes
+        for i in range(start, end):
+            yield hashes[i]
+        start = end
 
 
 def first_block_extra(request: Request) -> bytes:

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from folio.core.block_hash import request_block_hashes
+from folio.core.block_hash import lazy_block_hashes, request_block_hashes
 from folio.core.block_pool import BlockPool
 from folio.core.prefix_cache import PrefixCache
 from folio.core.request import Request
@@ -130,8 +130,7 @@ class KVCacheManager:
         if self.prefix_cache is None or request.sampling_params.prompt_logprobs is not None:
             return NO_PREFIX
         max_blocks = (request.num_tokens - 1) // self.block_size
-        hashes = request_block_hashes(request, self.block_size, max_blocks)
-        blocks = self.prefix_cache.lookup(hashes)
+        blocks = self.prefix_cache.lookup(lazy_block_hashes(request, self.block_size, max_blocks))
         return SharedPrefix(blocks, len(blocks) * self.block_size, True)
 
     def fork_prefix(self, parent: Request, num_tokens: int) -> SharedPrefix:

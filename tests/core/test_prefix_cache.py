@@ -3,7 +3,7 @@ outputs unchanged by any of it (FakeModel checks every K/V read against its true
 
 from __future__ import annotations
 
-from folio.core.block_hash import hash_block, request_block_hashes
+from folio.core.block_hash import hash_block, lazy_block_hashes, request_block_hashes
 from folio.core.kv_cache_manager import KVCacheManager
 from folio.core.prefix_cache import PrefixCache
 from tests.core.fakes import FakeModel, RunResult, make_request, make_scheduler, run_to_completion, step
@@ -50,6 +50,29 @@ def test_request_block_hashes_equal_the_chain_of_hash_block_when_extended_in_par
     assert request_block_hashes(req, BS, 2) == expected[:2]
     assert request_block_hashes(req, BS, 2) == expected[:2]  # nothing new: nothing rehashed
     assert request_block_hashes(req, BS, 5) == expected and req.block_hashes == expected
+
+
+def test_lazy_block_hashes_are_the_same_chain_computed_only_as_far_as_read():
+    req = make_request("a", prompt=[70000 + 3 * i for i in range(41)])  # 10 full blocks
+    lazy = lazy_block_hashes(req, BS, 10, batch=3)
+    first = [next(lazy), next(lazy)]
+    assert len(req.block_hashes) == 3  # one batch
+    expected = request_block_hashes(make_request("b", prompt=[70000 + 3 * i for i in range(41)]), BS, 10)
+    assert first + list(lazy) == expected and req.block_hashes == expected
+    assert list(lazy_block_hashes(req, BS, 7, batch=3)) == expected[:7]  # kept: nothing past 7
+    assert list(lazy_block_hashes(req, BS, 0)) == []
+
+
+def test_a_long_prompt_hashes_no_further_than_its_first_miss():
+    kv = KVCacheManager(512, BS, enable_prefix_caching=True)
+    a = make_request("a", prompt=_prompt(400))  # 100 blocks, all cached once computed
+    _computed(kv, a, 400)
+    b = make_request("b", prompt=_prompt(300) + _prompt(500, offset=7))  # 75 blocks in common
+    assert kv.find_cached_prefix(b).num_tokens == 300
+    assert len(b.block_hashes) < 75 + 32  # stopped within the batch of its first miss
+    fresh = make_request("c", prompt=_prompt(800, offset=1))
+    assert kv.find_cached_prefix(fresh).num_tokens == 0 and len(fresh.block_hashes) == 32
+    assert kv.allocate_slots(fresh, 400) and len(fresh.block_hashes) == 100  # its chunk's blocks
 
 
 def test_prefix_cache_index_stays_one_to_one():
