@@ -46,30 +46,37 @@ def floors(config: dict, n: int, tflops: float) -> tuple[float, float]:
     return attention / tflops / 1e9, 2 * params * n / tflops / 1e9
 
 
+def idle_gaps(kernels: list[tuple]) -> tuple[list[tuple[int, int, str, str]], int | None]:
+    """The idle gaps between device intervals (start_ns, end_ns[, name]), overlaps merged, as
+    (start, end, the kernel before, the kernel after), and the end of the last interval."""
+    gaps, cursor, before = [], None, ""
+    for a, b, *name in sorted(kernels):
+        label = name[0] if name else ""
+        if cursor is not None and a > cursor:
+            gaps.append((cursor, a, before, label))
+        if cursor is None or b > cursor:
+            cursor, before = b, label
+    return gaps, cursor
+
+
 def timeline(kernels: list[tuple[int, int]]) -> dict[str, float]:
     """ms of lead, busy, gaps and tail from device intervals (start_ns, end_ns) whose first and last
     are the markers around the call."""
     (_, start), *inner, (end, _) = sorted(kernels)
-    busy, gaps, cursor = 0.0, 0.0, None
-    for a, b in inner:
-        if cursor is not None and a > cursor:
-            gaps += a - cursor
-        busy += max(0, b - max(a, cursor or a))
-        cursor = b if cursor is None else max(cursor, b)
-    first, last = (inner[0][0], cursor) if inner else (end, end)
-    return {"lead": (first - start) / 1e6, "busy": busy / 1e6, "gaps": gaps / 1e6, "tail": (end - last) / 1e6}
+    if not inner:
+        return {"lead": (end - start) / 1e6, "busy": 0.0, "gaps": 0.0, "tail": 0.0}
+    gaps, last = idle_gaps(inner)
+    idle = sum(b - a for a, b, _, _ in gaps)
+    first = inner[0][0]
+    return {"lead": (first - start) / 1e6, "busy": (last - first - idle) / 1e6, "gaps": idle / 1e6,
+            "tail": (end - last) / 1e6}
 
 
 def largest_gaps(kernels: list[tuple[int, int, str]], top: int) -> list[tuple[float, str, str]]:
     """The `top` longest idle gaps between kernels, the lead and tail next to the markers included:
     (ms, the kernel before, the kernel after)."""
-    found, cursor, before = [], None, ""
-    for a, b, name in sorted(kernels):
-        if cursor is not None and a > cursor:
-            found.append(((a - cursor) / 1e6, before, name))
-        if cursor is None or b > cursor:
-            cursor, before = b, name
-    return sorted(found, reverse=True)[:top]
+    gaps, _ = idle_gaps(kernels)
+    return sorted((((b - a) / 1e6, before, after) for a, b, before, after in gaps), reverse=True)[:top]
 
 
 def engine(name: str, model: str, max_model_len: int):

@@ -48,6 +48,27 @@ def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> 
     Token ids only ever grow at the end, so a hash once computed stays valid; each block is
     hashed once in the request's life. num_blocks may not exceed the full blocks it holds.
     """
+    _extend_hashes(request, block_size, num_blocks)
+    return request.block_hashes[:num_blocks]
+
+
+def lazy_block_hashes(request: Request, block_size: int, num_blocks: int, batch: int = 32) -> Iterator[BlockHash]:
+    """request_block_hashes(request, block_size, num_blocks), computed `batch` blocks at a time as
+    the caller reads on: a prefix-cache lookup stops at its first miss, so a new 30k-token prompt
+    hashes one batch at admission, not all of its ~1,900 blocks; the rest are hashed when its
+    chunks' blocks are registered (the later ones while the first chunk runs on the device)."""
+    hashes = request.block_hashes
+    start = 0
+    while start < num_blocks:
+        end = min(num_blocks, max(start + batch, len(hashes)))
+        _extend_hashes(request, block_size, end)
+        for i in range(start, end):
+            yield hashes[i]
+        start = end
+
+
+def _extend_hashes(request: Request, block_size: int, num_blocks: int) -> None:
+    """Hash the request's full blocks up to num_blocks that request.block_hashes lacks."""
     hashes = request.block_hashes
     if num_blocks > request.num_tokens // block_size:
         raise ValueError(
@@ -56,7 +77,7 @@ def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> 
         )
     first = len(hashes)
     if first >= num_blocks:
-        return hashes[:num_blocks]
+        return
     # The new blocks' ids packed once (a 30k-token prompt: ~25% less hashing time than packing
     # each block on its own), then hashed block by block along the chain.
     packed = memoryview(array("q", request.all_token_ids[first * block_size : num_blocks * block_size]).tobytes())
@@ -66,22 +87,6 @@ def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> 
         parent = hashes[i - 1] if i else None
         offset = (i - first) * stride
         hashes.append(_hash_block_bytes(parent, packed[offset : offset + stride], extra if i == 0 else b""))
-    return hashes[:num_blocks]
-
-
-def lazy_block_hashes(request: Request, block_size: int, num_blocks: int, batch: int = 32) -> Iterator[BlockHash]:
-    """request_block_hashes(request, block_size, num_blocks), computed `batch` blocks at a time as
-    the caller reads on: a prefix-cache lookup stops at its first miss, so a new 30k-token prompt
-    hashes one batch at admission, not all of its ~1,900 blocks; the rest are hashed when its
-    chunks' blocks are registered (the later ones while the first chunk runs on the device)."""
-    start = 0
-    while start < num_blocks:
-        end = min(num_blocks, max(start + batch, len(request.block_hashes)))
-        request_block_hashes(request, block_size, end)
-        hashes = request.block_hashes
-        for i in range(start, end):
-            yield hashes[i]
-        start = end
 
 
 def first_block_extra(request: Request) -> bytes:
