@@ -42,14 +42,18 @@ serve|serve-sync|serve-process) part $p
   PORT=18123
   timeout 200 python3 -m folio serve --model $QWEN $COMMON --served-model-name qwen3-0.6b --port $PORT $EXTRA > "$OUT/$p.log" 2>&1 &
   SERVER_PID=$!  # timeout's PID: it passes the TERM below on to the server
-  for R in $(seq 1 ${SERVE_RUNS:-1}); do  # SERVE_RUNS=2: W1 again on the same server (its prompts then hit the prefix cache)
+  # SERVE_RUNS=2: W1 again on the same server (its prompts then hit the prefix cache); SERVE_CLIENT=httpx:
+  # the benchmark's old client (session 21)
+  for R in $(seq 1 ${SERVE_RUNS:-1}); do
     timeout 190 python3 -m folio bench serve --base-url http://127.0.0.1:$PORT --model qwen3-0.6b --workload w1 \
-      --ready-timeout 120 --warmup-requests ${SERVE_WARMUP:-1} --no-progress --json "$OUT/$p-qwen3-0.6b-w1${R#1}.json" 2>&1 | grep -E "wait|duration|Output token|TTFT|ITL|Failed"
+      --ready-timeout 120 --warmup-requests ${SERVE_WARMUP:-1} --http-client ${SERVE_CLIENT:-asyncio} --no-progress --json "$OUT/$p-qwen3-0.6b-w1${R#1}.json" 2>&1 | grep -E "wait|duration|Output token|TTFT|ITL|Failed"
   done
   python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/metrics').text)" | grep -E "^folio:engine_step"
   kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; grep -E "ready in|ERROR|Traceback" "$OUT/$p.log" | head -5 ;;
 ingest) part ingest  # issue 11: W1's ramp on this host's CPU: the bench client alone, then the serve stack
-  for M in null paused; do timeout 150 python3 scripts/ingest_bench.py --mode $M --runs 7 --json "$OUT/ingest-$M.json" 2>&1 | tail -1; done ;;
+  for C in asyncio httpx; do for M in null paused; do echo "client $C, $M:"
+    timeout 100 python3 scripts/ingest_bench.py --mode $M --runs 7 --http-client $C --json "$OUT/ingest-$M-$C.json" 2>&1 | tail -1
+  done; done ;;
 prefix) part prefix
   timeout 150 python3 -m folio.benchmarks.prefix_caching --model $QWEN --load-format dummy --dtype bfloat16 \
     --num-prompts 256 --json "$OUT/prefix.json" 2>&1 | tail -25 ;;

@@ -228,13 +228,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def one_run(url: str, requests, pid: int, arrivals_path: str, lines_before: int) -> dict:
+async def one_run(url: str, requests, pid: int, arrivals_path: str, lines_before: int, http_client: str) -> dict:
     import httpx
 
     from folio.benchmarks.serve_client import send_request
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600, connect=30.0)) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600, connect=30.0)) as httpx_client:
+        client = httpx_client if http_client == "httpx" else None
         warm = await send_request(client, url, "qwen3-0.6b", type(requests[0])(requests[0].prompt_token_ids[:WARM_UP_LEN], 1))
         if not warm.success:
             raise SystemExit(f"warm-up failed: {warm.error}")
@@ -286,7 +287,8 @@ def client(args: argparse.Namespace) -> None:
         _wait_ready(url, server)
         rows = []
         for i in range(args.runs):
-            row = asyncio.run(one_run(url + "/v1/completions", requests, server.pid, args.arrivals, i))
+            row = asyncio.run(one_run(url + "/v1/completions", requests, server.pid, args.arrivals, i,
+                                      args.http_client))
             rows.append(row)
             print(f"run {i}: " + "  ".join(f"{k} {v:.3f}" if k == "duration_s" else f"{k} {v:.1f}"
                                            for k, v in row.items()), flush=True)
@@ -294,7 +296,7 @@ def client(args: argparse.Namespace) -> None:
         print(f"median of {len(rows)} runs: " + json.dumps(medians))
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"mode": args.mode, "num_requests": args.num_requests, "runs": rows}, f, indent=1)
+                json.dump({"mode": args.mode, "http_client": args.http_client, "num_requests": args.num_requests, "runs": rows}, f, indent=1)
     finally:
         server.terminate()  # the server's own SIGTERM path: it stops the engine process too
         server.wait(timeout=60)
@@ -321,6 +323,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=("paused", "stream", "null"), default="paused")
     p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--http-client", choices=("asyncio", "httpx"), default="asyncio",
+                   help="the benchmark's client: its lean asyncio one, or httpx")
     p.add_argument("--output-len", type=int, default=64, help="tokens per request in stream mode")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--arrivals", default="/tmp/folio-ingest-arrivals.jsonl")

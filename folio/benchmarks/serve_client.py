@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from folio.benchmarks.http_stream import HTTPStreamError, post_json
 from folio.benchmarks.workloads import BenchRequest
+
+HTTP_CLIENTS = ("asyncio", "httpx")  # http_stream's lean client (the default), or httpx
 
 
 @dataclass
@@ -56,39 +60,44 @@ def completion_payload(model: str, request: BenchRequest) -> dict[str, Any]:
     }
 
 
+class _BadStatus(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+
+
 async def send_request(
-    client: httpx.AsyncClient, url: str, model: str, request: BenchRequest
+    client: httpx.AsyncClient | None, url: str, model: str, request: BenchRequest
 ) -> RequestTrace:
-    """Stream one completion; failures end up in the trace, never raised."""
+    """Stream one completion through client, or through http_stream's lean client when it is None;
+    failures end up in the trace, never raised."""
     trace = RequestTrace(request.prompt_len, request.output_len)
+    payload = completion_payload(model, request)
+    events = _httpx_events(client, url, payload) if client is not None else _lean_events(url, payload)
     start = last = time.perf_counter()
     chunks = 0
     try:
-        async with client.stream("POST", url, json=completion_payload(model, request)) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode("utf-8", "replace")
-                trace.error = f"HTTP {response.status_code}: {body[:300]}"
+        async for data in events:
+            now = time.perf_counter()
+            if data.get("error"):
+                trace.error = f"error in stream: {data['error']}"
                 return trace
-            async for data in _sse_data(response):
-                now = time.perf_counter()
-                if data.get("error"):
-                    trace.error = f"error in stream: {data['error']}"
-                    return trace
-                if data.get("choices"):
-                    if chunks == 0:
-                        trace.ttft_s = now - start
-                    else:
-                        trace.itl_s.append(now - last)
-                    chunks += 1
-                    last = now
-                usage = data.get("usage")
-                if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                    trace.output_tokens = int(usage["completion_tokens"])
-                    trace.usage_reported = True
+            if data.get("choices"):
+                if chunks == 0:
+                    trace.ttft_s = now - start
+                else:
+                    trace.itl_s.append(now - last)
+                chunks += 1
+                last = now
+            usage = data.get("usage")
+            if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+                trace.output_tokens = int(usage["completion_tokens"])
+                trace.usage_reported = True
         trace.latency_s = time.perf_counter() - start
-    except (httpx.HTTPError, json.JSONDecodeError, ValueError) as e:
-        trace.error = f"{type(e).__name__}: {e}"
+    except (_BadStatus, httpx.HTTPError, HTTPStreamError, json.JSONDecodeError, ValueError) as e:
+        trace.error = str(e) if isinstance(e, _BadStatus) else f"{type(e).__name__}: {e}"
         return trace
+    finally:
+        await events.aclose()
     if not trace.usage_reported:
         trace.output_tokens = chunks
     trace.success = chunks > 0
@@ -97,13 +106,26 @@ async def send_request(
     return trace
 
 
-async def _sse_data(response: httpx.Response) -> Any:
+async def _httpx_events(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> AsyncIterator[Any]:
     """The JSON objects of a server-sent-event stream, up to `data: [DONE]`."""
-    async for line in response.aiter_lines():
-        line = line.strip()
-        if not line.startswith("data:"):
-            continue
-        payload = line[len("data:"):].strip()
-        if payload == "[DONE]":
-            return
-        yield json.loads(payload)
+    async with client.stream("POST", url, json=payload) as response:
+        if response.status_code != 200:
+            raise _BadStatus(response.status_code, (await response.aread()).decode("utf-8", "replace"))
+        async for line in response.aiter_lines():
+            line = line.strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:"):].strip()
+            if data == "[DONE]":
+                return
+            yield json.loads(data)
+
+
+async def _lean_events(url: str, payload: dict[str, Any]) -> AsyncIterator[Any]:
+    async with await post_json(url, payload) as response:
+        if response.status != 200:
+            raise _BadStatus(response.status, (await response.body()).decode("utf-8", "replace"))
+        async for data in response.events():
+            if data.strip() == b"[DONE]":
+                return
+            yield json.loads(data)

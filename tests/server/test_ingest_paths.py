@@ -131,3 +131,13 @@ def test_add_errors_map_alike_for_one_prompt_and_several(n, error, expected, par
         asyncio.run(serving.add_requests("cmpl-1", prompts, params))
     assert str(error) in str(info.value)
     assert getattr(info.value, "param", None) == param
+
+
+@pytest.mark.parametrize("ids, bad", [([1, 2, 99], None), ([], None), ([5, 100, 3, 250], 100), ([7, -3, 100], -3)])
+def test_token_ids_are_checked_in_one_pass_and_the_first_bad_one_named(ids, bad):
+    serving = _serving(AsyncLLM(core=StubCore()))  # vocabulary of 100
+    if bad is None:
+        serving.check_token_ids(ids, "prompt")
+        return
+    with pytest.raises(BadRequestError, match=rf"Token id {bad} is outside the vocabulary \[0, 100\)"):
+        serving.check_token_ids(ids, "prompt")

@@ -315,6 +315,9 @@ def _register_serve(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-requests", type=int, default=1,
                    help="untimed requests sent first, all at once (the workload's first, prompts reversed, "
                         "<= 16 tokens each)")
+    p.add_argument("--http-client", choices=("asyncio", "httpx"), default="asyncio",
+                   help="the client that sends the requests: a lean one on asyncio's streams (default), or httpx, "
+                        "which costs more client time a request and a token")
     _add_workload_args(p)
     p.set_defaults(run=run_serve)
 
@@ -328,7 +331,7 @@ def run_serve(args: argparse.Namespace) -> int:
         base_url=args.base_url, model=args.model, endpoint=args.endpoint,
         request_rate=_rate(args.request_rate), max_concurrency=args.max_concurrency,
         seed=args.seed, ready_timeout_s=args.ready_timeout, progress=not args.no_progress,
-        warmup_requests=args.warmup_requests,
+        warmup_requests=args.warmup_requests, http_client=args.http_client,
     )
     _say(f"workload: {workload.describe()}; rate {args.request_rate} req/s, "
          f"max concurrency {args.max_concurrency or 'unlimited'}")
@@ -341,6 +344,7 @@ def run_serve(args: argparse.Namespace) -> int:
             json.dump({"base_url": args.base_url, "model": args.model, "workload": workload.name,
                        "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
                        "server_wait_s": run.server_wait_s, "warmup_requests": args.warmup_requests,
+                       "http_client": args.http_client,
                        **run.metrics.to_dict()}, f, indent=2)
             f.write("\n")
     return 0 if run.metrics.failed == 0 and run.metrics.exact_lengths == run.metrics.completed else 1

@@ -75,6 +75,8 @@ class OpenAIServing:
         return lora.lora_name if lora is not None else self.model_name
 
     def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
+        if not token_ids or (min(token_ids) >= 0 and max(token_ids) < self.vocab_size):
+            return  # two passes in C; the loop below only names the first bad id
         for token_id in token_ids:
             if not 0 <= token_id < self.vocab_size:
                 raise BadRequestError(
