@@ -62,7 +62,9 @@ class LMHead(VocabParallelRows):
     """[n, embedding_dim] -> [n, vocab] float32 logits, on every rank.
 
     The matmul runs in the model dtype (as transformers does) and only the result is widened,
-    so sampling and log-probs see float32 whatever the weights are.
+    so sampling and log-probs see float32 whatever the weights are. widen=False keeps the model
+    dtype, for the sampler: its argmax and Gumbel draw read 16-bit logits exactly and it widens
+    what it edits itself, so the float32 copy of every step's [rows, vocab] is not made.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
@@ -80,10 +82,10 @@ class LMHead(VocabParallelRows):
             )
         self.weight = embedding.weight
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, widen: bool = True) -> torch.Tensor:
         # [n, vocab / tp (padded)]; one row on CUDA takes the Triton GEMV, as the linear layers do
         # (session 13, H100, the 8B: 5.82 vs 5.89 ms per bf16 token, 2.87 vs 2.92 INT4).
         logits = linear(hidden_states, self.weight, self.bias)
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)[:, : self.num_embeddings]  # [n, vocab]
-        return logits.float()
+        return logits.float() if widen else logits

@@ -28,8 +28,8 @@ class CausalLM(nn.Module, ABC):
         ...
 
     @abstractmethod
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[n, hidden_size] -> [n, vocab_size] float32 logits."""
+    def compute_logits(self, hidden_states: torch.Tensor, widen: bool = True) -> torch.Tensor:
+        """[n, hidden_size] -> [n, vocab_size] float32 logits (widen=False: in the model dtype)."""
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -258,8 +258,8 @@ class LlamaForCausalLM(CausalLM):
     ) -> torch.Tensor:
         return self.model(input_ids, positions, attn_metadata)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden_states)  # [n, vocab] float32
+    def compute_logits(self, hidden_states: torch.Tensor, widen: bool = True) -> torch.Tensor:
+        return self.lm_head(hidden_states, widen)  # [n, vocab] float32, or the model dtype
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return load_params(self, weights, QKV_STACKED + GATE_UP_STACKED)

@@ -193,8 +193,8 @@ class OPTForCausalLM(CausalLM):
         # Returns [tokens, word_embed_proj_dim], the width the LM head reads.
         return self.model.decoder(input_ids, positions, attn_metadata)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden_states)  # [n, vocab] float32
+    def compute_logits(self, hidden_states: torch.Tensor, widen: bool = True) -> torch.Tensor:
+        return self.lm_head(hidden_states, widen)  # [n, vocab] float32, or the model dtype
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return load_params(self, _with_model_prefix(weights), QKV_STACKED)

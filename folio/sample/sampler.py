@@ -66,7 +66,9 @@ class Sampler:
         self.fused = fused
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """Sample one token per row of logits [rows, vocab]. The input is left unchanged."""
+        """Sample one token per row of logits [rows, vocab], of any float dtype (the runner passes
+        the LM head's own: the argmax and the Gumbel draw read 16-bit logits exactly, and every
+        stage that edits or rescales them works on a float32 copy). The input is left unchanged."""
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             raw_logprobs = compute_logprobs(logits)  # [rows, vocab]

@@ -77,11 +77,11 @@ class StepSampling:
             pending.drafts_stopped = self.speculator.take_newly_stale()
         return pending
 
-    def _compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _compute_logits(self, hidden: torch.Tensor, widen: bool = True) -> torch.Tensor:
         """The LM head on some rows of the hidden states: under tensor parallelism one gather
         the followers join (counted, so a failed step can still make the ones they wait for)."""
         self._gathers_made += 1
-        return self.model.compute_logits(hidden)  # [rows, vocab]
+        return self.model.compute_logits(hidden, widen)  # [rows, vocab]
 
     def _join_remaining_gathers(self, hidden: torch.Tensor, inputs: StepInputs) -> None:
         """After an error in sampling (a user's logits processor raised, say): make the LM-head
@@ -103,10 +103,12 @@ class StepSampling:
         pending: PendingOutput,
     ) -> torch.Tensor:
         """Sample the step's ordinary rows; returns the sampled ids [rows] on the device."""
+        # In the model dtype: the sampler widens what it edits (a float32 copy of every step's
+        # logits was 60 us of a 7 ms W1 step on the 0.6B, session 21).
         if inputs.logits_indices is None:  # every token samples (decode): no gather
-            logits = self._compute_logits(hidden[: inputs.num_tokens])  # [num_tokens, vocab]
+            logits = self._compute_logits(hidden[: inputs.num_tokens], widen=False)  # [num_tokens, vocab]
         else:
-            logits = self._compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
+            logits = self._compute_logits(hidden[inputs.logits_indices], widen=False)  # [num_sampling, vocab]
         indices = inputs.sampling_batch_indices
         rows = [self._sampling_row(scheduled[i]) for i in indices]
         metadata = SamplingMetadata.build(rows, self.vocab_size, self.device)

@@ -141,3 +141,14 @@ def test_profiling_pass_without_kv_cache_matches_transformers(tmp_path):
         logits = model.compute_logits(model(input_ids, positions, metadata))
     expected = torch.cat(hf_logits(path, prompts))
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+def test_logits_in_the_model_dtype_are_the_float32_ones_unwidened(tmp_path, arch):
+    """compute_logits(widen=False), the sampler's call, skips only the final widening."""
+    model = load_folio(make_tiny_checkpoint(arch, tmp_path), dtype="bfloat16")
+    hidden = torch.randn(3, model.lm_head.weight.shape[1], dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        low, wide = model.compute_logits(hidden, widen=False), model.compute_logits(hidden)
+    assert low.dtype == torch.bfloat16 and wide.dtype == torch.float32
+    assert torch.equal(low.float(), wide)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from folio.sample import Sampler
+from folio.sample import SamplingMetadata
 from tests.sample.rows import CPU, decode_seeded, make_row, sample, step_logits
 
 VOCAB = 40
@@ -120,3 +121,52 @@ def test_zero_probability_tokens_are_never_drawn():
     logits[:, 9] = -40.0  # probability ~4e-18: never in 2000 draws
     out = sample([make_row(temperature=1.0)] * 2000, logits).sampled_token_ids
     assert set(out.tolist()) == {5}
+
+
+# ---- 16-bit logits (the LM head's dtype, session 21) -----------------------------------------
+
+MIXED = [
+    dict(temperature=0.0),
+    dict(temperature=0.0, logprobs=3),
+    dict(temperature=0.9, top_k=8, seed=1234),
+    dict(temperature=1.0, min_p=0.02, repetition_penalty=1.2, seed=-7),
+    dict(temperature=0.7, top_p=0.9, seed=5),
+    dict(temperature=0.6, seed=99, logprobs=2),
+    dict(temperature=1.0, presence_penalty=1.0, logit_bias={3: 2.0}, seed=3),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("batch", ["greedy", "mixed", "random"])
+def test_16bit_logits_sample_as_their_float32_widening(dtype, fused, batch):
+    """The runner hands the sampler the LM head's own dtype; every path must give what it gives
+    on the exactly widened float32 logits: tokens, log-probs and ranks, and the input untouched."""
+    rows_of = {"greedy": [dict(temperature=0.0)] * 3, "mixed": MIXED, "random": MIXED[2:3] + MIXED[4:5]}[batch]
+    low = (_logits(len(rows_of), 9) * 4).to(dtype)
+    low[0, 5] = low[0].max()  # a tie: the first index wins in both dtypes
+    before = low.clone()
+
+    def run(logits):
+        rows = [make_row(prompt=[1, 2], output=[3], **fields) for fields in rows_of]  # fresh generators
+        return sample(rows, logits, Sampler(7, CPU, fused=fused))
+
+    got, want = run(low), run(low.float())
+    assert torch.equal(low, before)
+    assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
+    for name in ("logprob_token_ids", "logprobs", "sampled_ranks"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
+
+
+@pytest.mark.parametrize("owned", [False, True])
+def test_truncation_widens_16bit_logits_before_any_arithmetic(owned):
+    """Temperature, min_p, top-k and top-p run on float32: on bf16 logits they give exactly what
+    they give on the widened logits (bf16 arithmetic would round the tempered values)."""
+    low = (_logits(4, 11) * 3).to(torch.bfloat16)
+    rows = [make_row(temperature=t, min_p=0.05, top_k=9, top_p=0.8) for t in (0.3, 0.7, 1.1, 1.7)]
+    metadata = SamplingMetadata.build(rows, VOCAB, CPU)
+    sampler = Sampler(0, CPU)
+    got = sampler._truncated(low.clone() if owned else low, metadata, metadata.temperature, owned)
+    want = sampler._truncated(low.float(), metadata, metadata.temperature, True)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
