@@ -31,7 +31,7 @@ class ServeOptions:
     request_rate: float = math.inf  # requests per second; inf sends everything at once
     max_concurrency: int | None = None
     seed: int = 0  # for the arrival times
-    timeout_s: float = 6 * 3600  # per request
+    timeout_s: float = 6 * 3600  # per request (the lean client: the whole request; httpx: each read)
     ready_timeout_s: float = 0.0  # how long to wait for the server to come up before failing
     progress: bool = True
     # Untimed requests first (shaped like the workload's first ones, at most 16 tokens each, all at
@@ -111,7 +111,8 @@ async def _warm_up(client: httpx.AsyncClient | None, options: ServeOptions, work
         return
     picks = [workload.requests[i % workload.num_requests] for i in range(options.warmup_requests)]
     short = [BenchRequest(r.prompt_token_ids[::-1], min(r.output_len, 16)) for r in picks]
-    traces = await asyncio.gather(*(send_request(client, options.url, options.model, r) for r in short))
+    traces = await asyncio.gather(*(send_request(client, options.url, options.model, r, options.timeout_s)
+                                    for r in short))
     failed = [t for t in traces if not t.success]
     if failed:
         raise ValueError(f"{len(failed)} of {len(traces)} warm-up requests failed: {failed[0].error}")
@@ -129,10 +130,10 @@ async def _send_at(
     if delay > 0:
         await asyncio.sleep(delay)
     if gate is None:
-        trace = await send_request(client, options.url, options.model, request)
+        trace = await send_request(client, options.url, options.model, request, options.timeout_s)
     else:
         async with gate:
-            trace = await send_request(client, options.url, options.model, request)
+            trace = await send_request(client, options.url, options.model, request, options.timeout_s)
     bar.update(1)
     return trace
 

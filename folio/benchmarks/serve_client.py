@@ -11,6 +11,7 @@ the end of the stream; TPOT = (latency - TTFT) / (output tokens - 1).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -66,44 +67,58 @@ class _BadStatus(Exception):
 
 
 async def send_request(
-    client: httpx.AsyncClient | None, url: str, model: str, request: BenchRequest
+    client: httpx.AsyncClient | None, url: str, model: str, request: BenchRequest, timeout_s: float | None = None
 ) -> RequestTrace:
-    """Stream one completion through client, or through http_stream's lean client when it is None;
+    """Stream one completion through client, or through http_stream's lean client when it is None
+    (timeout_s, if given, bounds its whole request; httpx's client carries its own timeouts);
     failures end up in the trace, never raised."""
     trace = RequestTrace(request.prompt_len, request.output_len)
     payload = completion_payload(model, request)
     events = _httpx_events(client, url, payload) if client is not None else _lean_events(url, payload)
-    start = last = time.perf_counter()
-    chunks = 0
+    start = time.perf_counter()
     try:
-        async for data in events:
-            now = time.perf_counter()
-            if data.get("error"):
-                trace.error = f"error in stream: {data['error']}"
-                return trace
-            if data.get("choices"):
-                if chunks == 0:
-                    trace.ttft_s = now - start
-                else:
-                    trace.itl_s.append(now - last)
-                chunks += 1
-                last = now
-            usage = data.get("usage")
-            if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                trace.output_tokens = int(usage["completion_tokens"])
-                trace.usage_reported = True
+        async with asyncio.timeout(timeout_s if client is None else None):
+            chunks = await _read_stream(events, trace, start)
         trace.latency_s = time.perf_counter() - start
+    except TimeoutError:
+        trace.error = f"no end of the stream within {timeout_s} s"
+        return trace
     except (_BadStatus, httpx.HTTPError, HTTPStreamError, json.JSONDecodeError, ValueError) as e:
         trace.error = str(e) if isinstance(e, _BadStatus) else f"{type(e).__name__}: {e}"
         return trace
     finally:
         await events.aclose()
+    if trace.error is not None:
+        return trace
     if not trace.usage_reported:
         trace.output_tokens = chunks
     trace.success = chunks > 0
     if not trace.success:
         trace.error = "the stream carried no completion chunk"
     return trace
+
+
+async def _read_stream(events: AsyncIterator[Any], trace: RequestTrace, start: float) -> int:
+    """Time the stream's chunks into trace; returns how many carried a choice. An error event
+    stops the stream and is set on trace."""
+    chunks, last = 0, start
+    async for data in events:
+        now = time.perf_counter()
+        if data.get("error"):
+            trace.error = f"error in stream: {data['error']}"
+            return chunks
+        if data.get("choices"):
+            if chunks == 0:
+                trace.ttft_s = now - start
+            else:
+                trace.itl_s.append(now - last)
+            chunks += 1
+            last = now
+        usage = data.get("usage")
+        if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+            trace.output_tokens = int(usage["completion_tokens"])
+            trace.usage_reported = True
+    return chunks
 
 
 async def _httpx_events(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> AsyncIterator[Any]:

@@ -119,3 +119,23 @@ def test_targets():
     assert Target.of("http://[::1]:81/").host_header == "[::1]:81"
     with pytest.raises(ValueError, match="not an http"):
         Target.of("ftp://h/")
+
+
+def test_a_silent_server_times_the_request_out_into_its_trace():
+    """send_request bounds the lean client's whole request by timeout_s: the trace says so."""
+    from folio.benchmarks.serve_client import send_request
+    from folio.benchmarks.workloads import BenchRequest
+
+    async def main():
+        async def handle(reader, writer):
+            await reader.read(1)  # takes the request in, never answers
+            await asyncio.sleep(5)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await send_request(None, f"http://127.0.0.1:{port}/v1/completions", "m", BenchRequest([1, 2], 3),
+                                      timeout_s=0.2)
+
+    trace = asyncio.run(main())
+    assert not trace.success and trace.error == "no end of the stream within 0.2 s"
