@@ -4,8 +4,8 @@ arrival in the engine process (issue 11), on the CPU, no GPU.
 A real `folio serve` stack (run_server: uvicorn, FastAPI, AsyncLLM, EngineProcess with its pipe,
 writer and reader threads, the EngineLoop in a child) with a stand-in engine in the child: it
 records when each request was added, and steps on a timer instead of a GPU. The client is the
-benchmark's own (`folio bench serve`'s send_request: httpx, streamed completions of W1's token
-ids), all requests at once.
+benchmark's own (`folio bench serve`'s send_request, streamed completions of W1's token ids; its
+lean asyncio client, or httpx with `--http-client httpx`), all requests at once.
 
     PYTHONPATH=. python scripts/ingest_bench.py                 # paused engine: pure ingestion
     PYTHONPATH=. python scripts/ingest_bench.py --mode stream   # prefill/decode steps meanwhile

@@ -95,8 +95,8 @@ class EventStream:
             else:
                 while piece := await self._reader.read(65536):
                     yield piece
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
-            raise HTTPStreamError(f"the response body ended early or is malformed: {e}") from None
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+            raise HTTPStreamError(f"the response body ended early or is malformed: {type(e).__name__}: {e}") from None
 
 
 def _event_data(event: bytes) -> bytes | None:
@@ -134,6 +134,7 @@ async def post_json(url: str, payload: dict[str, Any], *, connect_timeout_s: flo
              *(f"{k}: {v}" for k, v in (headers or {}).items())]
     try:
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        await writer.drain()
         status, response_headers = await _read_head(reader)
     except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
         writer.close()

@@ -139,3 +139,21 @@ def test_a_silent_server_times_the_request_out_into_its_trace():
 
     trace = asyncio.run(main())
     assert not trace.success and trace.error == "no end of the stream within 0.2 s"
+
+
+def test_a_connection_reset_mid_body_is_a_stream_error():
+    async def main():
+        async def handle(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(HEAD_CHUNKED + b"8\r\ndata: 1\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.transport.abort()  # a reset, not an orderly close
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server, await post_json(f"http://127.0.0.1:{port}/", {}) as response:
+            return [e async for e in response.events()]
+
+    with pytest.raises(HTTPStreamError, match="ended early or is malformed"):
+        asyncio.run(main())
