@@ -6,12 +6,15 @@ offline benchmark hides them in an untimed warm-up run; a server has none, so it
 paid them: W1 through HTTP on an H100 (docs/perf-notes.md, session 10) ran at 16,247 output
 tok/s with a mean time to first token of 1.57 s on a fresh server; 8 short requests first (the
 offline benchmarks' warm-up) gave 16,531 tok/s and 0.69 s, and the warm-up below 16,794. It is
-shaped like a busy server's first seconds: up to 64 requests whose prompts fill 1.25 scheduler
-steps (max_num_batched_tokens), so one full prefill chunk, a mixed chunk + decode step and decode
-batches of many sizes run; 8 new tokens each, greedy and sampled.
+shaped like a busy server's first seconds: a lone long prompt (a quarter of max_num_batched_tokens,
+prefilled in a step of its own: the long-chunk prefill kernel, which a step packed with many
+sequences never takes; on a fresh machine it was compiled inside the first W1 run, session 21),
+then up to 64 requests whose prompts fill 1.25 scheduler steps (max_num_batched_tokens), so one
+full prefill chunk, a mixed chunk + decode step and decode batches of many sizes run; 8 new tokens
+each, greedy and sampled.
 
 Its requests run through the ordinary scheduler, so they appear in the engine's counters (up to
-64 requests, ~1.25 x max_num_batched_tokens prompt tokens) and their blocks may stay in the
+65 requests, ~1.5 x max_num_batched_tokens prompt tokens) and their blocks may stay in the
 prefix cache (random tokens under a salt of their own: no client prompt can match them); the
 sampler's generator is put back, so with `--seed` unseeded requests draw as they would without
 it. FOLIO_WARM_UP=0 skips it.
@@ -35,6 +38,7 @@ logger = init_logger(__name__)
 REQUESTS = 64  # at most; never more than max_num_seqs
 OUTPUT_LEN = 8
 FILL = 1.25  # prompt tokens in all, in units of max_num_batched_tokens: a full chunk, then a mixed step
+LONG = 0.25  # the lone long prompt's length, in units of max_num_batched_tokens
 SALT = "folio-warm-up"
 
 
@@ -76,14 +80,19 @@ def _run(engine: LLMEngine, ids: list[str]) -> None:
     max_model_len = engine.config.model.max_model_len
     output_len = max(1, min(OUTPUT_LEN, max_model_len // 2))
     max_len = max(1, max_model_len - output_len)
+    budget = engine.config.scheduler.max_num_batched_tokens
     count = max(1, min(REQUESTS, engine.config.scheduler.max_num_seqs))
-    mean = FILL * engine.config.scheduler.max_num_batched_tokens / count
-    for i in range(count):
-        length = min(max_len, max(1, int(mean * (0.25 + 1.5 * rng.random()))))  # lengths of every parity
-        prompt = [rng.randrange(vocab) for _ in range(length)]
-        params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0 if i % 2 == 0 else 0.6,
-                                seed=i)
-        ids.append(f"{SALT}-{i}")
+
+    def add(name: str, length: int, temperature: float, seed: int) -> None:
+        prompt = [rng.randrange(vocab) for _ in range(min(max_len, max(1, length)))]
+        params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=temperature, seed=seed)
+        ids.append(f"{SALT}-{name}")
         engine.add_request(ids[-1], {"prompt_token_ids": prompt, "cache_salt": SALT}, params)
+
+    add("long", int(LONG * budget), 0.0, 0)
+    engine.step()  # its prefill alone
+    mean = FILL * budget / count
+    for i in range(count):
+        add(str(i), int(mean * (0.25 + 1.5 * rng.random())), 0.0 if i % 2 == 0 else 0.6, i)  # lengths of every parity
     while engine.has_unfinished_requests():
         engine.step()

@@ -150,9 +150,10 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def warm_up(vocab: int, device: torch.device) -> None:
+def warm_up(vocab: int, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
     """Compile (or load from Triton's cache) the kernels a batch-1 greedy step takes, now rather
     than in the first such step: the first process on a fresh GPU machine otherwise paid the
-    compile inside a greedy W1 run's tail (~2%, session 16). Nothing off CUDA or when off."""
+    compile inside a greedy W1 run's tail (~2%, session 16). dtype: the logits' the sampler gets
+    (the model's since session 21; each dtype is a kernel of its own). Nothing off CUDA or when off."""
     if vocab > 0:
-        argmax_rows(torch.zeros(1, vocab, dtype=torch.float32, device=device))
+        argmax_rows(torch.zeros(1, vocab, dtype=dtype, device=device))

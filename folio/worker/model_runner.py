@@ -131,7 +131,8 @@ class ModelRunner(StepSampling):
             self.graphs.capture()
             if self.speculator is not None:
                 self.speculator.capture_graphs(self.inputs, sizes)
-            argmax.warm_up(self.config.model.vocab_size, self.device)  # batch-1 greedy's kernels
+            # batch-1 greedy's kernels, for the logits the sampler gets (the LM head's dtype)
+            argmax.warm_up(self.config.model.vocab_size, self.device, self.dtype)
 
     def uses_cuda_graphs(self) -> bool:
         """Decode steps replay CUDA graphs unless enforce_eager, off CUDA, or on the torch

@@ -99,7 +99,8 @@ def test_throughput_vllm_peer_gets_the_same_requests(tmp_path, fake_vllm, capsys
     assert vllm["output_tokens"] == folio["output_tokens"] == data["workload"]["output_tokens"]
     assert data["folio_over_peer"]["vllm 0.0.fake"] == pytest.approx(folio["output_tok_s"] / vllm["output_tok_s"])
     calls = [json.loads(line) for line in fake_vllm.read_text().splitlines()][1:]
-    assert len(calls) == 2 and len(calls[1]["lens"]) == 4  # the warm-up twin, then the workload
+    # folio's warm-ups' twins (8 short prompts, a lone long one cut to the context), then the workload
+    assert [len(c["lens"]) for c in calls] == [8, 1, 4] and calls[1]["lens"] == [64 - 8]
     assert {c["temperature"] for c in calls} == {0.6}
 
 

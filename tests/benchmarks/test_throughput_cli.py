@@ -69,3 +69,17 @@ def test_workload_must_fit_the_model(tmp_path, capsys):
     save_test_tokenizer(model)
     assert _bench(["--model", model, "--workload", "w1", "--device", "cpu", "--no-floor"]) == 2
     assert "token id" in capsys.readouterr().err  # W1 draws ids up to 10000; this vocabulary has 1000
+
+
+def test_the_warm_up_ends_with_a_lone_long_prompt_cut_to_the_context():
+    """Short requests, then one long prompt in a call of its own (the long-chunk prefill kernel
+    runs only with few sequences in a step); none longer than the context allows."""
+    from folio.benchmarks.throughput import warmup_workloads
+
+    short, lone = warmup_workloads(vocab_size=500, max_model_len=4096)
+    assert short.num_requests == 8 and max(r.prompt_len for r in short.requests) < 256
+    assert lone.num_requests == 1 and lone.requests[0].prompt_len == 2048
+    assert max(t for r in short.requests + lone.requests for t in r.prompt_token_ids) < 500
+    cut = warmup_workloads(500, 300)[1]
+    assert cut.requests[0].prompt_len + cut.requests[0].output_len == 300
+    assert len(warmup_workloads(500, 8)) == 1  # no room for a long prompt

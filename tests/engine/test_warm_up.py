@@ -55,3 +55,18 @@ def test_warm_up_fits_a_short_context_and_never_fails_the_server(path, monkeypat
     monkeypatch.setattr(engine, "step", broken_step)
     assert warm_up(engine, force=True) == 0.0  # logged and abandoned
     assert calls == [1] and not engine.has_unfinished_requests()
+
+
+def test_a_lone_long_prompt_is_prefilled_in_a_step_of_its_own(path, monkeypatch):
+    """The long-chunk prefill path runs only with few sequences in a step: the warm-up's first step
+    holds one prompt of a quarter of max_num_batched_tokens (clipped to the context) and nothing else."""
+    llm = LLM(model=path, dtype="float32", device="cpu", seed=0, max_model_len=128, max_num_batched_tokens=256)
+    engine = llm.llm_engine
+    added, steps = [], []
+    add, step = engine.add_request, engine.step
+    monkeypatch.setattr(engine, "add_request", lambda rid, prompt, params: (
+        added.append(len(prompt["prompt_token_ids"])), add(rid, prompt, params))[1])
+    monkeypatch.setattr(engine, "step", lambda: (steps.append(len(added)), step())[1])
+    assert warm_up(engine, force=True) > 0
+    assert steps[0] == 1 and added[0] == 64  # 256 / 4, alone in the first step
+    assert len(added) == 1 + warm_up_module.REQUESTS and not engine.has_unfinished_requests()

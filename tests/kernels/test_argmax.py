@@ -90,7 +90,7 @@ def test_full_size_and_under_graph_replays(rows, vocab):
 
 
 def test_warm_up_runs_the_batch_1_path_where_it_dispatches(monkeypatch):
-    """warm_up sends one [1, vocab] float32 row down argmax_rows: the kernels where a batch-1
+    """warm_up sends one [1, vocab] row of the given dtype down argmax_rows: the kernels where a batch-1
     greedy step would take them (faked here: dispatch forced on, the launcher recorded), torch
     otherwise."""
     from folio.kernels import argmax
@@ -101,4 +101,5 @@ def test_warm_up_runs_the_batch_1_path_where_it_dispatches(monkeypatch):
     assert seen == []  # the CPU: torch
     monkeypatch.setattr(argmax, "use_triton_for", lambda _x: True)
     argmax.warm_up(1000, torch.device("cpu"))
-    assert seen == [((1, 1000), torch.float32)]
+    argmax.warm_up(1000, torch.device("cpu"), torch.bfloat16)  # the sampler's logits are the model's dtype
+    assert seen == [((1, 1000), torch.float32), ((1, 1000), torch.bfloat16)]

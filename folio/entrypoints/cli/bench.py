@@ -205,17 +205,18 @@ def _run_vllm_throughput(
 ) -> RunResult:
     """vLLM on the peers' requests in the same order, after the twin of folio's untimed warm-up."""
     from folio.benchmarks.result import RunResult
-    from folio.benchmarks.throughput import warmup_workload
+    from folio.benchmarks.throughput import warmup_workloads
     from folio.benchmarks.vllm_peer import TimedCall, run_vllm, vllm_version
 
     version = vllm_version()
     if version is None:
         return RunResult.failed("vllm", workload.name, workload.num_requests, "vllm does not import")
     system = f"vllm {version}"
+    warm = warmup_workloads(config.model.vocab_size, config.model.max_model_len)
     calls = [
         TimedCall(name, [r.prompt_token_ids for r in w.requests], [r.output_len for r in w.requests],
                   args.temperature, repeat=1, warmup=False)
-        for name, w in (("warmup", warmup_workload(config.model.vocab_size)), ("run", workload))
+        for name, w in (*((f"warmup-{i}", w) for i, w in enumerate(warm)), ("run", workload))
     ]
     _say(f"{system} on {workload.describe()}")
     try:
