@@ -69,7 +69,8 @@ def warm_up(engine: LLMEngine, force: bool = False) -> float:
         if generator_state is not None:  # unseeded requests draw as if there had been no warm-up
             sampler.generator.set_state(generator_state)
     elapsed = time.perf_counter() - start
-    logger.info("Warmed up in %.2f s (%d short requests, counted in the engine's stats)", elapsed, len(ids))
+    logger.info("Warmed up in %.2f s (%d requests: a lone long prompt, then short ones; counted in the engine's stats)",
+                elapsed, len(ids))
     return elapsed
 
 
