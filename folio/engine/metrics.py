@@ -62,6 +62,45 @@ def observe_repeated(histogram, value: float, count: int) -> None:
     buckets[bisect.bisect_left(bounds, value)].inc(count)  # the first bound >= value, as observe()
 
 
+class _HistogramBatch:
+    """One step's observations of a histogram, added at the step's end: the sum once and each
+    bucket touched once (as observe_repeated), not a locked increment per output. With ~256
+    streamed outputs a step, the per-output increments were the server event loop's largest cost
+    per token (session 21)."""
+
+    def __init__(self, histogram) -> None:
+        self.histogram = histogram
+        self.bounds = getattr(histogram, "_upper_bounds", None)
+        self.whole = self.bounds is not None and getattr(histogram, "_buckets", None) is not None
+        self.total = 0.0
+        self.counts: dict[int, int] = {}  # bucket index -> observations
+        self.loose: list[tuple[float, int]] = []  # (value, count) where the internals are missing
+
+    def add(self, value: float, count: int) -> None:
+        if not self.whole:
+            self.loose.append((value, count))
+            return
+        self.total += value * count
+        index = bisect.bisect_left(self.bounds, value)  # the first bound >= value, as observe()
+        self.counts[index] = self.counts.get(index, 0) + count
+
+    def flush(self) -> None:
+        for value, count in self.loose:
+            observe_repeated(self.histogram, value, count)
+        if self.counts:
+            self.histogram._sum.inc(self.total)
+            for index, count in self.counts.items():
+                self.histogram._buckets[index].inc(count)
+
+
+@dataclass
+class _StepBatch:
+    """What one step adds to the per-token series, recorded once at its end."""
+
+    itl: _HistogramBatch
+    generation_tokens: int = 0
+
+
 class _Fanout:
     """One recording call into folio's series and vLLM's twin of it."""
 
@@ -217,35 +256,41 @@ class EngineMetrics:
         self.step_seconds.inc(seconds)
         self.num_steps += 1
         self.busy_seconds += seconds
+        step = _StepBatch(_HistogramBatch(self.itl))
         for output in outputs:
-            self._record_output(output)
+            self._record_output(output, step)
+        if step.generation_tokens:
+            self.generation_tokens.inc(step.generation_tokens)
+        step.itl.flush()
 
     def record_abort(self, request_id: str) -> None:
         """An unfinished request was aborted (the client left, or shutdown)."""
         self._tallies.pop(request_id, None)
         self._success["abort"].inc()
 
-    def _record_output(self, output: RequestOutput) -> None:
+    def _record_output(self, output: RequestOutput, step: _StepBatch) -> None:
         tally = self._tallies.setdefault(output.request_id, _Tally())
-        new_tokens = 0
+        new_tokens = longest = 0
         for completion in output.outputs:
-            new_tokens += len(completion.token_ids)
+            n = len(completion.token_ids)
+            new_tokens += n
+            longest = max(longest, n)
             # A DELTA output carries the new tokens, a FINAL_ONLY one all of them. (CUMULATIVE
             # outputs would be counted again each step: the server never asks for them.)
-            tally.tokens[completion.index] = tally.tokens.get(completion.index, 0) + len(completion.token_ids)
+            tally.tokens[completion.index] = tally.tokens.get(completion.index, 0) + n
             if completion.finish_reason is not None:
                 tally.reasons[completion.index] = completion.finish_reason
-        if output.outputs:
-            self._record_token_gaps(output, tally, max(len(c.token_ids) for c in output.outputs))
+        if longest:
+            self._record_token_gaps(output, tally, longest, step.itl)
         if new_tokens and not tally.prompt_counted:
             tally.prompt_counted = True
             self.prompt_tokens.inc(len(output.prompt_token_ids))
-        self.generation_tokens.inc(new_tokens)
+        step.generation_tokens += new_tokens
         if output.finished:
             self._tallies.pop(output.request_id, None)
             self._record_finished(output, tally)
 
-    def _record_token_gaps(self, output: RequestOutput, tally: _Tally, new_tokens: int) -> None:
+    def _record_token_gaps(self, output: RequestOutput, tally: _Tally, new_tokens: int, itl: _HistogramBatch) -> None:
         """vllm:inter_token_latency_seconds: each of this output's tokens but a request's very
         first gets the time since the previous output, shared equally between its tokens."""
         m = output.metrics
@@ -256,8 +301,7 @@ class EngineMetrics:
             previous, new_tokens = m.first_token_time, new_tokens - 1  # the first has no gap
         if previous is None or new_tokens < 1:
             return
-        gap = max(0.0, m.last_token_time - previous) / new_tokens
-        observe_repeated(self.itl, gap, new_tokens)
+        itl.add(max(0.0, m.last_token_time - previous) / new_tokens, new_tokens)
 
     def _record_finished(self, output: RequestOutput, tally: _Tally) -> None:
         reason = tally.reasons.get(0) or next(iter(tally.reasons.values()), "stop")
