@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's checks and measurements, in parts that each fit a 10-minute device call.
-#   bash scripts/gpu_session.sh PART...   (PART: tests w1 llama serve serve-sync serve-process ingest prefix
+#   bash scripts/gpu_session.sh PART...   (PART: warm-machine (first, on a fresh machine) tests w1 llama serve serve-sync serve-process ingest prefix
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
@@ -30,6 +30,9 @@ quant_w1() {
   done
 }
 for p in "$@"; do case $p in
+warm-machine) part warm-machine  # a throwaway W1 run: a fresh machine's first process runs 5-8% slower (session 21)
+  timeout 150 python3 -m folio bench throughput --model $QWEN $COMMON --workload w1 --no-floor --no-progress \
+    2>&1 | grep -E "^ *folio" | head -1 ;;
 tests) part tests
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/sample/test_sampler_gpu.py \
     tests/worker tests/prefix/test_block_ops.py tests/engine/test_async_scheduling.py 2>&1 | tail -25 | tee "$OUT/gpu-tests.txt" ;;
