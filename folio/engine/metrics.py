@@ -93,14 +93,6 @@ class _HistogramBatch:
                 self.histogram._buckets[index].inc(count)
 
 
-@dataclass
-class _StepBatch:
-    """What one step adds to the per-token series, recorded once at its end."""
-
-    itl: _HistogramBatch
-    generation_tokens: int = 0
-
-
 class _Fanout:
     """One recording call into folio's series and vLLM's twin of it."""
 
@@ -256,19 +248,19 @@ class EngineMetrics:
         self.step_seconds.inc(seconds)
         self.num_steps += 1
         self.busy_seconds += seconds
-        step = _StepBatch(_HistogramBatch(self.itl))
-        for output in outputs:
-            self._record_output(output, step)
-        if step.generation_tokens:
-            self.generation_tokens.inc(step.generation_tokens)
-        step.itl.flush()
+        itl = _HistogramBatch(self.itl)  # the step's tokens and gaps go in once, at its end
+        generated = sum(self._record_output(output, itl) for output in outputs)
+        if generated:
+            self.generation_tokens.inc(generated)
+        itl.flush()
 
     def record_abort(self, request_id: str) -> None:
         """An unfinished request was aborted (the client left, or shutdown)."""
         self._tallies.pop(request_id, None)
         self._success["abort"].inc()
 
-    def _record_output(self, output: RequestOutput, step: _StepBatch) -> None:
+    def _record_output(self, output: RequestOutput, itl: _HistogramBatch) -> int:
+        """Record one output; returns its new tokens (the caller adds a step's at once)."""
         tally = self._tallies.setdefault(output.request_id, _Tally())
         new_tokens = longest = 0
         for completion in output.outputs:
@@ -281,14 +273,14 @@ class EngineMetrics:
             if completion.finish_reason is not None:
                 tally.reasons[completion.index] = completion.finish_reason
         if longest:
-            self._record_token_gaps(output, tally, longest, step.itl)
+            self._record_token_gaps(output, tally, longest, itl)
         if new_tokens and not tally.prompt_counted:
             tally.prompt_counted = True
             self.prompt_tokens.inc(len(output.prompt_token_ids))
-        step.generation_tokens += new_tokens
         if output.finished:
             self._tallies.pop(output.request_id, None)
             self._record_finished(output, tally)
+        return new_tokens
 
     def _record_token_gaps(self, output: RequestOutput, tally: _Tally, new_tokens: int, itl: _HistogramBatch) -> None:
         """vllm:inter_token_latency_seconds: each of this output's tokens but a request's very
