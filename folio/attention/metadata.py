@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -33,6 +34,9 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     # Decode-only batches (every query length 1) let the backends take a faster path.
     is_decode_only: bool = False
+    # Decode-only batches: [num_seqs] int32, the sequences by context length, longest first
+    # (longest_first); the decode kernel starts their programs in this order. None: batch order.
+    decode_order: torch.Tensor | None = None
 
     def query_len(self, i: int) -> int:
         return self.query_start_loc_cpu[i + 1] - self.query_start_loc_cpu[i]
@@ -40,3 +44,11 @@ class AttentionMetadata:
     def context_len(self, i: int) -> int:
         """Tokens already cached before this step for sequence i."""
         return self.seq_lens_cpu[i] - self.query_len(i)
+
+
+def longest_first(seq_lens: np.ndarray) -> np.ndarray:
+    """The indices of seq_lens from the longest context to the shortest, ties in batch order
+    (int32): the decode kernel's program order. Started last, a long sequence's programs would
+    run on alone after the rest of the launch is done (session 22: 1.5-2% of a 128-256 sequence
+    decode launch on an H100)."""
+    return np.argsort(-seq_lens.astype(np.int64), kind="stable").astype(np.int32)

@@ -8,9 +8,10 @@ forward, and joins each LM-head gather rank 0 makes. Its logits are dropped: ran
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from folio.attention.metadata import AttentionMetadata
+from folio.attention.metadata import AttentionMetadata, longest_first
 from folio.logger import init_logger
 from folio.parallel.step_plan import StepPlan, receive
 from folio.worker import block_ops
@@ -63,6 +64,10 @@ class Follower:
             d[name][: source.shape[0]].copy_(source)
         width = plan.block_tables.shape[1]
         builder.device_block_tables[:seqs, :width].copy_(plan.block_tables)
+        order = None
+        if plan.is_decode_only:  # rank 0's program order, from the same lengths
+            order = d["decode_order"][:seqs]
+            order.copy_(torch.from_numpy(longest_first(np.asarray(plan.seq_lens_cpu, dtype=np.int64))))
         metadata = AttentionMetadata(
             num_actual_tokens=plan.num_tokens,
             num_seqs=seqs,
@@ -75,5 +80,6 @@ class Follower:
             query_start_loc_cpu=plan.query_start_loc_cpu,
             seq_lens_cpu=plan.seq_lens_cpu,
             is_decode_only=plan.is_decode_only,
+            decode_order=order,
         )
         return d["input_ids"][:tokens], d["positions"][:tokens], metadata

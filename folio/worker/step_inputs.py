@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from folio.attention.metadata import AttentionMetadata
+from folio.attention.metadata import AttentionMetadata, longest_first
 from folio.core.pending_drafts import PendingDrafts
 from folio.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from folio.worker.block_table import BlockTable
@@ -99,6 +99,7 @@ class StepInputBuilder:
                 "slot_mapping": ((t,), torch.int64),
                 "query_start_loc": ((s + 1,), torch.int32),
                 "seq_lens": ((s,), torch.int32),
+                "decode_order": ((s,), torch.int32),  # decode-only steps (AttentionMetadata.decode_order)
                 # Flat on the host (a step's [num_seqs, width] table is a contiguous prefix),
                 # [max_num_seqs, max_blocks] on the device (kernels take the row stride).
                 "block_tables": ((s * max_blocks,), torch.int32),
@@ -177,7 +178,10 @@ class StepInputBuilder:
         for name, fill in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1)):
             h[name][num_tokens:padded_tokens] = fill
         step_table = self.block_table.gather(attn_rows, width, h["block_tables"])  # [attn_seqs, width]
-        self._copy_to_device(padded_tokens, padded_seqs, step_table)
+        decode_only = num_tokens == attn_seqs
+        if decode_only:
+            h["decode_order"][:padded_seqs] = longest_first(h["seq_lens"][:padded_seqs])
+        self._copy_to_device(padded_tokens, padded_seqs, step_table, decode_only)
         d = self.buffers.device
         metadata = AttentionMetadata(
             num_actual_tokens=num_tokens,
@@ -190,7 +194,8 @@ class StepInputBuilder:
             slot_mapping=d["slot_mapping"][:padded_tokens],
             query_start_loc_cpu=qsl[: padded_seqs + 1].tolist(),
             seq_lens_cpu=h["seq_lens"][:padded_seqs].tolist(),
-            is_decode_only=num_tokens == attn_seqs,
+            is_decode_only=decode_only,
+            decode_order=d["decode_order"][:padded_seqs] if decode_only else None,
         )
         d = self.buffers.device
         return StepInputs(
@@ -270,7 +275,7 @@ class StepInputBuilder:
         as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
         return as_array(rows), as_array(starts), as_array(counts), logits_rows, sampling, plans, placeholders, verify
 
-    def _copy_to_device(self, padded_tokens: int, padded_seqs: int, step_table: np.ndarray) -> None:
+    def _copy_to_device(self, padded_tokens: int, padded_seqs: int, step_table: np.ndarray, decode_only: bool) -> None:
         """Copy this step's prefixes of the host buffers into the device buffers (async)."""
         hb, d = self.buffers.host, self.buffers.device
         for name, n in (
@@ -279,8 +284,10 @@ class StepInputBuilder:
             ("slot_mapping", padded_tokens),
             ("query_start_loc", padded_seqs + 1),
             ("seq_lens", padded_seqs),
+            ("decode_order", padded_seqs if decode_only else 0),
         ):
-            d[name][:n].copy_(hb[name][:n], non_blocking=True)
+            if n:
+                d[name][:n].copy_(hb[name][:n], non_blocking=True)
         rows, width = step_table.shape
         host_table = hb["block_tables"][: rows * width].view(rows, width)
         self.device_block_tables[:rows, :width].copy_(host_table, non_blocking=True)

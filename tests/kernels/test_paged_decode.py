@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from folio.attention.backends.torch_ref import paged_attention_reference
+from folio.attention.metadata import longest_first
 from folio.kernels.paged_attention import TileConfig
 from folio.kernels.paged_decode import MAX_SPLITS, PROGRAMS_PER_SM, choose_num_splits, paged_decode
 from tests.kernels.paged_batch import assert_close, make_paged_batch
@@ -21,13 +23,17 @@ def _decode_batch(device, seq_lens=SEQ_LENS, num_heads=6, num_kv_heads=2, head_d
                             dtype=dtype, device=device, pad_tokens=2, seed=seed)
 
 
-def _decode(batch, num_splits, sliding_window=None, scale=0.3, min_split_tokens=16):
+def _decode(batch, num_splits, sliding_window=None, scale=0.3, min_split_tokens=16, order=None):
     md = batch.metadata
     out = torch.full_like(batch.query, float("nan"))
     paged_decode(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens, md.block_tables,
                  md.num_seqs, scale, sliding_window, num_splits=num_splits,
-                 min_split_tokens=min_split_tokens, out=out)
+                 min_split_tokens=min_split_tokens, out=out, order=order)
     return out
+
+
+def _order(values, device):
+    return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 @pytest.mark.parametrize("num_splits", [1, 4, 8])
@@ -62,6 +68,38 @@ def test_head_layouts(device, num_heads, num_kv_heads, head_dim, block_size):
     expected = paged_attention_reference(batch.query, batch.kv_cache, batch.metadata, 0.3)
     real = batch.real_rows.to(device)
     assert_close(out[real], expected[real], torch.float32)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("how", ["longest_first", "reversed"])
+def test_program_order_changes_nothing(device, num_splits, how):
+    # Grid rows take the sequences through the order: each sequence's rows equal the batch-order
+    # run's, bit for bit, and the padding sequence and rows stay untouched.
+    batch = _decode_batch(device, seed=4)
+    lens = np.asarray(batch.metadata.seq_lens_cpu)
+    order = longest_first(lens) if how == "longest_first" else np.arange(len(lens))[::-1].copy()
+    out = _decode(batch, num_splits, order=_order(order.tolist(), device))
+    base = _decode(batch, num_splits)
+    real, pad = batch.real_rows.to(device), batch.padding_rows.to(device)
+    assert torch.equal(out[real], base[real])
+    assert out[pad].isnan().all()
+    expected = paged_attention_reference(batch.query, batch.kv_cache, batch.metadata, 0.3)
+    assert_close(out[real], expected[real], torch.float32)
+
+
+def test_rejects_bad_orders(device):
+    batch = _decode_batch(device, [4, 9])
+    md = batch.metadata
+    for bad in (_order([0], device), _order([[0, 1]], device), torch.tensor([1, 0], device=device)):
+        with pytest.raises(ValueError, match="order"):
+            paged_decode(batch.query, batch.kv_cache, md.query_start_loc, md.seq_lens,
+                         md.block_tables, 2, 1.0, order=bad)
+
+
+def test_longest_first():
+    assert longest_first(np.array([5, 0, 9, 5, 1], dtype=np.int32)).tolist() == [2, 0, 3, 4, 1]
+    assert longest_first(np.zeros(3, dtype=np.int32)).tolist() == [0, 1, 2]  # padding: batch order
+    assert longest_first(np.array([], dtype=np.int32)).dtype == np.int32
 
 
 @pytest.mark.parametrize("config", [TileConfig(16, 16, 4, 2), TileConfig(32, 128, 8, 4)])
@@ -113,6 +151,9 @@ def test_full_size_qwen3_decode(num_seqs):
     expected = paged_attention_reference(batch.query, batch.kv_cache, batch.metadata, 128**-0.5)
     real = batch.real_rows.cuda()
     splits = choose_num_splits(num_seqs, 8, torch.cuda.get_device_properties(0).multi_processor_count)
+    order = _order(longest_first(np.asarray(batch.metadata.seq_lens_cpu)).tolist(), "cuda")
     for num_splits in {1, splits}:
         out = _decode(batch, num_splits, scale=128**-0.5, min_split_tokens=256)
         assert_close(out[real], expected[real], torch.bfloat16)
+        ordered = _decode(batch, num_splits, scale=128**-0.5, min_split_tokens=256, order=order)
+        assert torch.equal(ordered[real], out[real])

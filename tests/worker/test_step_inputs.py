@@ -62,7 +62,18 @@ def _check(builder: StepInputBuilder, scheduled: list[ScheduledRequest], pad_to:
     assert md.query_start_loc_cpu[: len(scheduled) + 1] == want["query_start_loc"]
     for i, s in enumerate(scheduled):
         assert md.block_tables[i, : len(s.block_ids)].tolist() == s.block_ids
+    _check_decode_order(md)
     return inputs
+
+
+def _check_decode_order(md) -> None:
+    """A decode-only step orders every (padded) sequence from the longest context down."""
+    if not md.is_decode_only:
+        assert md.decode_order is None
+        return
+    lens, order = md.seq_lens.tolist(), md.decode_order.tolist()
+    assert sorted(order) == list(range(md.num_seqs))
+    assert [lens[i] for i in order] == sorted(lens, reverse=True)
 
 
 def test_steps_match_a_per_token_construction():
@@ -112,6 +123,7 @@ def test_padding_is_skipped_by_attention():
     assert md.num_seqs == 8 and inputs.input_ids.shape[0] == 8 and md.num_actual_tokens == 3
     assert md.slot_mapping[3:].tolist() == [-1] * 5
     assert md.query_start_loc[3:].tolist() == [3] * 6 and md.seq_lens[3:].tolist() == [0] * 5
+    assert md.decode_order.tolist() == [1, 0, 2, 3, 4, 5, 6, 7]  # 13, 6, 3 tokens, then the padding
 
     heads, kv_heads, dim = 4, 2, 16
     gen = torch.Generator().manual_seed(0)
@@ -169,6 +181,7 @@ def test_verify_steps_as_per_token_sequences_give_the_same_attention():
     assert inputs.positions[:n].tolist() == plain_positions[:n].tolist() == want["positions"]
     assert md.slot_mapping[:n].tolist() == plain_slots[:n].tolist() == want["slot_mapping"]
     assert md.is_decode_only and md.num_seqs == 16 and md.max_query_len == 1 and n == 11
+    _check_decode_order(md)
     assert md.query_start_loc[: n + 1].tolist() == list(range(n + 1)) and md.query_start_loc[n + 1 :].tolist() == [n] * 5
     assert md.seq_lens[:n].tolist() == [p + 1 for p in want["positions"]] and md.seq_lens[n:].tolist() == [0] * 5
     assert md.slot_mapping[n:].tolist() == [-1] * 5

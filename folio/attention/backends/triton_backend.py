@@ -49,6 +49,9 @@ PREFILL_MIN_QUERY_LEN = 256
 PREFILL_MAX_SEQS = 8
 MIXED_PREFILL_CONFIG = TileConfig(block_m=64, tile_n=64, num_warps=4, num_stages=3)
 _PREFILL_DTYPES = (torch.bfloat16, torch.float16)
+# Decode programs start with the longest sequences (metadata.decode_order): 1.5-2% faster
+# launches at 128-256 sequences on an H100 (session 22). FOLIO_DECODE_LONGEST_FIRST=0: batch order.
+LONGEST_FIRST = os.environ.get("FOLIO_DECODE_LONGEST_FIRST", "1") != "0"
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -96,9 +99,9 @@ class TritonAttentionBackend(AttentionBackend):
         args = (query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_tables, metadata.num_seqs)
         if metadata.is_decode_only:
             splits = self.decode_splits(metadata.num_seqs, kv_cache.shape[3], query.device)
-            return paged_decode(
-                *args, scale, sliding_window, num_splits=splits, out=out, k_scale=k_scale, v_scale=v_scale
-            )
+            order = metadata.decode_order if LONGEST_FIRST else None
+            return paged_decode(*args, scale, sliding_window, num_splits=splits, out=out, k_scale=k_scale,
+                                v_scale=v_scale, order=order)
         group = query.shape[1] // kv_cache.shape[3]
         # The prefill kernel reads a bf16/fp16 cache only; an fp8 cache goes through the unified kernel.
         fp8_cache = kv_cache.element_size() == 1
