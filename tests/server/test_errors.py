@@ -333,3 +333,58 @@ def test_a_model_without_a_tokenizer_serves_token_ids_only(tmp_path):
         _error(httpx.post(f"{url}/chat/completions", json={"messages": MESSAGES}), 400)
         _error(httpx.post(f"{bare.url}/tokenize", json={"prompt": "Hi"}), 400)
         _error(httpx.post(f"{bare.url}/detokenize", json={"tokens": [5]}), 400)
+
+
+def test_a_text_too_long_for_any_tokenization_is_refused_untokenized(server, model_name, monkeypatch):
+    # More characters than max_model_len tokens of the longest vocabulary entry can cover (with
+    # the slack): a 400 before the tokenizer runs, so a huge body cannot hold a worker for seconds.
+    from folio.entrypoints.openai import serving_engine
+
+    calls = []
+    original = serving_engine.OpenAIServing.encode
+    monkeypatch.setattr(serving_engine.OpenAIServing, "encode", lambda self, *a, **k: calls.append(a) or original(self, *a, **k))
+    longest = max(map(len, server.engine.tokenizer.get_vocab()))
+    text = "word " * (256 * longest * serving_engine.FIT_SLACK // 5 + serving_engine.ENCODE_OFF_LOOP_CHARS)
+    for path, body in (("/completions", {"model": model_name, "prompt": text, "max_tokens": 1}),
+                       ("/chat/completions", {"model": model_name, "messages": [{"role": "user", "content": text}]})):
+        error = _error(httpx.post(f"{server.base_url}{path}", json=body, timeout=60), 400)
+        assert error["code"] == "context_length_exceeded" and "at least" in error["message"]
+        assert error["param"] in ("prompt", "messages")
+    assert calls == []
+
+
+def test_long_texts_are_tokenized_off_the_event_loop(server, model_name, monkeypatch):
+    # A long prompt the request truncates (so it may be long) is tokenized on a worker thread,
+    # not the server's loop, and gives the same tokens as a direct encode.
+    from folio.entrypoints.openai import serving_engine
+
+    threads = []
+    original = serving_engine.OpenAIServing.encode
+
+    def recording(self, *args, **kwargs):
+        threads.append(threading.current_thread())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(serving_engine.OpenAIServing, "encode", recording)
+    text = "hello world " * (serving_engine.ENCODE_OFF_LOOP_CHARS // 12 + 1)
+    body = {"model": model_name, "prompt": text, "max_tokens": 1, "truncate_prompt_tokens": 16, "echo": False,
+            "logprobs": None}
+    response = httpx.post(f"{server.base_url}/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == 16
+    short = httpx.post(f"{server.base_url}/completions", json={"model": model_name, "prompt": "hi", "max_tokens": 1})
+    assert short.status_code == 200
+    assert len(threads) == 2 and threads[0] is not threads[1]  # the long one on a worker, "hi" on the loop
+    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, timeout=60).json()["tokens"]
+    assert tokens == server.engine.tokenizer.encode(text) and len(threads) == 3 and threads[2] is not threads[1]
+
+
+def test_tokenize_takes_prompt_or_messages(server, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="folio.entrypoints.openai.protocol"):
+        assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"}).status_code == 200
+        assert httpx.post(f"{server.url}/tokenize", json={"messages": MESSAGES}).status_code == 200
+    assert "ignored" not in caplog.text  # each body is read as one request kind, not tried as both
+    error = _error(httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi", "messages": MESSAGES}), 400)
+    assert "either prompt or messages" in error["message"]

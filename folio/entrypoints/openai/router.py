@@ -134,7 +134,7 @@ def _runtime_lora_state(request: Request) -> ServingState:
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_errors(400, 401, 404))
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
-    return _state(request).tokenization.tokenize(body)
+    return await _state(request).tokenization.tokenize(body)
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=_errors(400, 401, 404))

@@ -63,7 +63,9 @@ class OpenAIServingChat(OpenAIServing):
             chat_template_kwargs=request.chat_template_kwargs,
             tools=[t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None,
         )
-        prompt = EnginePrompt(self.encode(text, add_special_tokens=False, param="messages"), text)
+        token_ids = await self.encode_async(text, add_special_tokens=False, param="messages",
+                                            truncating=request.truncate_prompt_tokens is not None)
+        prompt = EnginePrompt(token_ids, text)
         prompt = self.truncate_prompt(prompt, request)
         params = constrain_to_tools(self._params(request, prompt), plan)
         request_id = random_id("chatcmpl")

@@ -38,7 +38,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create(self, request: CompletionRequest) -> CompletionResponse | EventStreamResponse:
         lora = self.check_model(request.model)
         self._check_supported(request)
-        prompts = [self.truncate_prompt(p, request) for p in self._prompts(request)]
+        prompts = [self.truncate_prompt(p, request) for p in await self._prompts(request)]
         params = [self._params(request, p) for p in prompts]
         request_id = random_id("cmpl")
         streams = await self.add_requests(request_id, prompts, params, request.priority, request.cache_salt, lora)
@@ -56,17 +56,18 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.best_of is not None and request.best_of != request.n:
             raise BadRequestError("best_of other than n is not supported.", param="best_of")
 
-    def _prompts(self, request: CompletionRequest) -> list[EnginePrompt]:
+    async def _prompts(self, request: CompletionRequest) -> list[EnginePrompt]:
         prompt = request.prompt
+        truncating = request.truncate_prompt_tokens is not None
         if isinstance(prompt, str):
-            return [EnginePrompt(self.encode(prompt), prompt)]
+            return [EnginePrompt(await self.encode_async(prompt, truncating=truncating), prompt)]
         if not prompt:
             raise BadRequestError("prompt must not be empty.", param="prompt")
         # A validated list holds one kind (protocol/completion.py's Prompt): its first item tells which.
         if isinstance(prompt[0], int):
             return [self._token_prompt(prompt, request.echo)]
         if isinstance(prompt[0], str):
-            return [EnginePrompt(self.encode(p), p) for p in prompt]
+            return [EnginePrompt(await self.encode_async(p, truncating=truncating), p) for p in prompt]
         return [self._token_prompt(p, request.echo) for p in prompt]
 
     def _token_prompt(self, token_ids: list[int], echo: bool) -> EnginePrompt:

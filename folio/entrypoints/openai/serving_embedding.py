@@ -42,7 +42,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         if request.dimensions is not None:
             raise BadRequestError("dimensions is not supported: folio returns full-size embeddings.",
                                   param="dimensions")
-        prompts = [self.truncate_prompt(p, request) for p in self._prompts(request)]
+        prompts = [self.truncate_prompt(p, request) for p in await self._prompts(request)]
         for prompt in prompts:
             if not prompt.token_ids:
                 raise BadRequestError("The input is empty: at least one token is needed.", param="input")
@@ -63,7 +63,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         return EmbeddingResponse(id=request_id, created=int(time.time()), model=self.model_name, data=data,
                                  usage=make_usage(num_tokens, 0, 0))
 
-    def _prompts(self, request: EmbeddingRequest) -> list[EnginePrompt]:
+    async def _prompts(self, request: EmbeddingRequest) -> list[EnginePrompt]:
         value = request.input
         if isinstance(value, str):
             value = [value]
@@ -72,7 +72,9 @@ class OpenAIServingEmbedding(OpenAIServing):
         prompts = []
         for item in value:
             if isinstance(item, str):
-                prompts.append(EnginePrompt(self.encode(item, request.add_special_tokens, param="input"), item))
+                token_ids = await self.encode_async(item, request.add_special_tokens, param="input",
+                                                    truncating=request.truncate_prompt_tokens is not None)
+                prompts.append(EnginePrompt(token_ids, item))
             else:
                 self.check_token_ids(item, "input")
                 prompts.append(EnginePrompt(list(item)))

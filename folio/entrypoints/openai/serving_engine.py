@@ -2,7 +2,10 @@
 
 Checks the model name, turns prompts and conversations into token ids, fits max_tokens into
 the context, builds SamplingParams (errors named by field), and adds requests to the AsyncLLM
-all or nothing. Prompts are tokenized here, on the event loop, so the engine thread only steps.
+all or nothing. Prompts are tokenized here, not on the engine's thread: short ones on the event
+loop, long ones (ENCODE_OFF_LOOP_CHARS) on a worker thread so that one huge prompt cannot stall
+every other request; a text that cannot fit the context whatever its tokens is refused before
+it is tokenized (at_least_tokens).
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
     "template", "messages", "add_generation_prompt", "continue_final_message",
     "tools", "documents", "bos_token", "eos_token",
 })
+
+
+# Texts at least this long are tokenized on a worker thread (fast tokenizers release the GIL;
+# 2 MB of text takes ~1.5 s on a CPU core).
+ENCODE_OFF_LOOP_CHARS = 100_000
+# A text longer than max_model_len * the longest token's characters * this cannot fit whatever its
+# tokens: refused untokenized (the slack covers normalizers that shorten text).
+FIT_SLACK = 4
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,7 @@ class OpenAIServing:
         self.models = models  # the served names, LoRA adapters included (None: the model only)
         self.chat_template = chat_template
         self.tokenizer = engine.tokenizer
+        self._longest_token_chars: int | None = None  # at_least_tokens, read from the vocabulary once
         self.max_model_len = engine.model_config.max_model_len
         self.vocab_size = engine.model_config.vocab_size
         self.default_params = engine.default_sampling_params()
@@ -160,6 +172,31 @@ class OpenAIServing:
     def encode(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
         self.require_tokenizer(param, "text prompts")
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    async def encode_async(self, text: str, add_special_tokens: bool = True, param: str = "prompt",
+                           truncating: bool = False) -> list[int]:
+        """encode, with a long text first checked against the context (unless the request
+        truncates it) and then tokenized off the event loop."""
+        if len(text) < ENCODE_OFF_LOOP_CHARS:
+            return self.encode(text, add_special_tokens, param)
+        self.require_tokenizer(param, "text prompts")
+        least = self.at_least_tokens(text)
+        if not truncating and least > self.max_model_len:
+            noun = param if param in ("messages", "input") else "prompt"
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens, and the {noun} "
+                f"({len(text)} characters) is at least {least} tokens long.",
+                param=param, code="context_length_exceeded",
+            )
+        return await asyncio.to_thread(self.encode, text, add_special_tokens, param)
+
+    def at_least_tokens(self, text: str) -> int:
+        """A lower bound on the tokens of `text`: no token covers more characters than the
+        longest vocabulary entry (with FIT_SLACK for normalizers)."""
+        if self._longest_token_chars is None:
+            vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
+            self._longest_token_chars = max(map(len, vocab), default=0) or len(text)
+        return len(text) // (self._longest_token_chars * FIT_SLACK)
 
     def decode(self, token_ids: list[int], param: str = "prompt") -> str:
         self.require_tokenizer(param, "text")

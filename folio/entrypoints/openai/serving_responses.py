@@ -47,7 +47,7 @@ class OpenAIServingResponses(OpenAIServing):
                                   param="input")
         text = self.render_chat(self._messages(request), add_generation_prompt=True,
                                 continue_final_message=False, chat_template_kwargs=None)
-        prompt = EnginePrompt(self.encode(text, add_special_tokens=False, param="input"), text)
+        prompt = EnginePrompt(await self.encode_async(text, add_special_tokens=False, param="input"), text)
         max_tokens = self.fit_max_tokens(len(prompt.token_ids), request.max_output_tokens, None,
                                          prompt_param="input", max_tokens_param="max_output_tokens")
         params = self._params(request, max_tokens)

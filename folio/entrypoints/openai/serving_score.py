@@ -76,7 +76,8 @@ class OpenAIServingScore(OpenAIServingEmbedding):
         """Cosine similarity of each (first, second) pair of texts, and the tokens read."""
         self.check_base_model(request.model)
         texts = list(dict.fromkeys(firsts + seconds))  # each distinct text embedded once
-        prompts = [self.truncate_prompt(p, request) for p in (self._text_prompt(t) for t in texts)]
+        truncating = request.truncate_prompt_tokens is not None
+        prompts = [self.truncate_prompt(await self._text_prompt(t, truncating), request) for t in texts]
         config = PoolerConfig(self.pooler_config.pooling_type, normalize=True)
         try:
             vectors = await self.engine.embed(random_id("score"), [p.token_ids for p in prompts], config)
@@ -86,10 +87,10 @@ class OpenAIServingScore(OpenAIServingEmbedding):
         scores = [_cosine(by_text[a], by_text[b]) for a, b in zip(firsts, seconds)]
         return scores, sum(len(p.token_ids) for p in prompts)
 
-    def _text_prompt(self, text: str) -> EnginePrompt:
+    async def _text_prompt(self, text: str, truncating: bool) -> EnginePrompt:
         if not text:
             raise BadRequestError("Texts to score must not be empty.", param="text_1")
-        return EnginePrompt(self.encode(text, param="text_1"), text)
+        return EnginePrompt(await self.encode_async(text, param="text_1", truncating=truncating), text)
 
 
 def _cosine(a: list[float], b: list[float]) -> float:

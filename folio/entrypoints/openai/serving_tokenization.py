@@ -14,7 +14,7 @@ from folio.entrypoints.openai.serving_engine import OpenAIServing
 
 
 class OpenAIServingTokenization(OpenAIServing):
-    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
             text = self.render_chat(
@@ -26,7 +26,9 @@ class OpenAIServingTokenization(OpenAIServing):
         else:
             text = request.prompt
         param = "messages" if isinstance(request, TokenizeChatRequest) else "prompt"
-        tokens = self.encode(text, add_special_tokens=request.add_special_tokens, param=param)
+        # No context limit here: /tokenize reports the count (long texts still leave the event loop).
+        tokens = await self.encode_async(text, add_special_tokens=request.add_special_tokens, param=param,
+                                         truncating=True)
         token_strs = [decode_token(self.tokenizer, t) for t in tokens] if request.return_token_strs else None
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens, token_strs=token_strs)
 

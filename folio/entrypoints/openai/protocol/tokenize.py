@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Discriminator, Field, Tag
 
 from folio.entrypoints.openai.protocol.chat import ChatMessage
 from folio.entrypoints.openai.protocol.common import OpenAIBaseModel, TokenId
@@ -27,7 +27,24 @@ class TokenizeChatRequest(OpenAIBaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
+def _tokenize_kind(data: Any) -> str | None:
+    """Which request a /tokenize body is: "messages" makes it a conversation, else a prompt; both
+    at once is neither (a 400, not one of them silently picked)."""
+    if isinstance(data, BaseModel):
+        return "chat" if isinstance(data, TokenizeChatRequest) else "completion"
+    if isinstance(data, dict):
+        if "messages" in data:
+            return None if "prompt" in data else "chat"
+    return "completion"
+
+
+# Discriminated, so each body is validated as one model only (a plain union tries both and logs
+# the other's field as ignored).
+TokenizeRequest = Annotated[
+    Annotated[TokenizeCompletionRequest, Tag("completion")] | Annotated[TokenizeChatRequest, Tag("chat")],
+    Discriminator(_tokenize_kind, custom_error_type="prompt_or_messages",
+                  custom_error_message="Send either prompt or messages, not both."),
+]
 
 
 class TokenizeResponse(BaseModel):
