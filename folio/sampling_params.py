@@ -84,6 +84,13 @@ class StructuredOutputsParams:
                 raise SamplingParamsError(
                     "structured_outputs", f"structured_outputs.{name} must be a non-empty string."
                 )
+        for name in ("json_object", "disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "json_object" and value is None):
+                # "false" would read as true: a flag takes a boolean only.
+                raise SamplingParamsError(
+                    "structured_outputs", f"structured_outputs.{name} must be a boolean, got {value!r}."
+                )
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise SamplingParamsError(
                 "structured_outputs", "structured_outputs.json must be a JSON schema (dict or string)."

@@ -16,6 +16,9 @@ from folio.core.scheduler_output import SchedulerOutput
 from folio.core.spec_decode_stats import SpecDecodeStats
 from folio.core.speculation import settle_drafts
 from folio.core.stop_conditions import check_stop
+from folio.logger import init_logger
+
+logger = init_logger(__name__)
 
 
 class StepResults:
@@ -86,7 +89,11 @@ class StepResults:
         for i, token_id in enumerate(token_ids):
             if request.grammar is not None and not request.grammar.accept_token(token_id):
                 # The mask allowed no token the grammar accepts (e.g. min_tokens banned the
-                # only way to end): keep the output valid, end it before this token.
+                # only way to end): keep the output valid, end it before this token, and say so.
+                logger.warning(
+                    "Request %s: its structured output constraint allows no token that its other sampling "
+                    "settings permit (min_tokens, ignore_eos, bad_words, allowed_token_ids or logit_bias); "
+                    "the output ends here, before the constraint is complete.", request.request_id)
                 return list(token_ids[:i]), RequestStatus.FINISHED_STOPPED
             request.append_output_token_ids([token_id])
             status = check_stop(request, self.config.max_model_len)

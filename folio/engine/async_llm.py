@@ -347,13 +347,13 @@ class AsyncLLM:
             stream.put(output)
             if output.finished:
                 del self._streams[output.request_id]
-        for request_id, reason in message.failed.items():
+        for request_id, error in message.failed.items():
             if request_id in pending:
                 continue  # the aborted namesake's failure, not this request's
             self.metrics.record_abort(request_id)
             stream = self._streams.pop(request_id, None)
-            if stream is not None:
-                stream.put(RequestFailedError(reason))
+            if stream is not None:  # refused (a ValueError, a 400) or broken (RequestFailedError, a 500)
+                stream.put(error.to_exception() if error.invalid else RequestFailedError(error.message))
 
     def _fail_all(self, error: BaseException) -> None:
         self._state_reads.fail_all(error)

@@ -115,7 +115,7 @@ class Accepted:
 @dataclass(frozen=True)
 class Stepped:
     outputs: list[RequestOutput]
-    failed: dict[str, str]  # request id -> why processing its output failed
+    failed: dict[str, RequestError]  # request id -> why it failed after it was added (invalid: its own content)
     stats: EngineStats
     seconds: float  # inside step()
 
@@ -233,12 +233,16 @@ class EngineLoop:
             return RequestError.of(e)
         return None
 
-    def _take_failed(self) -> dict[str, str]:
+    def _take_failed(self) -> dict[str, RequestError]:
         failed = {}
         for request_id, error in self.engine.take_request_errors().items():
-            logger.error("Request %s failed and was dropped: %r", request_id, error, exc_info=error)
             self._live.discard(request_id)
-            failed[request_id] = f"Request {request_id} failed: {error!r}"
+            if isinstance(error, ValueError):  # the request's own content (its constraint): the caller's error
+                logger.warning("Request %s refused after it was added: %s", request_id, error)
+                failed[request_id] = RequestError.of(error)
+            else:
+                logger.error("Request %s failed and was dropped: %r", request_id, error, exc_info=error)
+                failed[request_id] = RequestError(f"Request {request_id} failed: {error!r}", invalid=False)
         return failed
 
     def _abort_live(self) -> None:

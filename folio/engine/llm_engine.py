@@ -55,7 +55,7 @@ from folio.logger import init_logger
 from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
 from folio.parallel.launch import Lead, lead
-from folio.sampling_params import SamplingParams
+from folio.sampling_params import SamplingParams, SamplingParamsError
 from folio.structured_output.manager import StructuredOutputManager
 from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
 from folio.worker.model_runner import ModelRunner, StagedStep
@@ -257,8 +257,10 @@ class LLMEngine:
         for request in ready.requests:
             self.scheduler.add_request(request)
         for request_id, _, error in ready.failed:
-            message = f"The structured output grammar of request {request_id!r} failed to compile: {error}"
-            self.output_processor.fail_request(request_id, ValueError(message))
+            message = (f"The structured output grammar of request {request_id!r} failed to compile: {error}"
+                       if not str(error).startswith(("The structured output constraint", "No token"))
+                       else f"Request {request_id!r}: {error}")
+            self.output_processor.fail_request(request_id, SamplingParamsError("structured_outputs", message))
 
     def _settle_if_idle(self) -> None:
         """With nothing left to run, wait for the step in flight and drop its results (every

@@ -176,6 +176,10 @@ class StructuredOutputManager:
             compiled = parked.compiled.result()
             for request in parked.requests:
                 request.grammar = compiled.new_state()
+            dead = no_first_token(parked.requests[0], self.vocab_size)
+            if dead is not None:  # an empty "complete" output would be a lie: fail the request
+                ready.failed.append((parked.request_id, [r.request_id for r in parked.requests], ValueError(dead)))
+                continue
             ready.requests.extend(parked.requests)
         self._parked = still
         return ready
@@ -225,3 +229,23 @@ def make_backend(name: str, tokenizer: Any, vocab_size: int, stop_token_ids: set
     from folio.structured_output.xgrammar_backend import XGrammarBackend
 
     return XGrammarBackend(tokenizer, vocab_size, stop_token_ids, timer)
+
+
+def no_first_token(request: Request, vocab_size: int) -> str | None:
+    """Why no output can begin under the request's compiled constraint (a grammar that admits no
+    string, e.g. `root ::= root` or an empty character class, or one whose first tokens
+    allowed_token_ids all excludes), or None. Checked once, when the grammar is attached."""
+    import torch
+
+    from folio.sample.grammar_mask import bitmask_words, unpack_bitmask
+
+    assert request.grammar is not None
+    mask = torch.zeros(1, bitmask_words(vocab_size), dtype=torch.int32)
+    request.grammar.fill_bitmask(mask, 0)
+    allowed = unpack_bitmask(mask, vocab_size)[0]  # [vocab] bool
+    if not bool(allowed.any()):
+        return "The structured output constraint admits no output: no token can begin it."
+    ids = [i for i in request.sampling_params.allowed_token_ids or () if 0 <= i < vocab_size]
+    if request.sampling_params.allowed_token_ids and not bool(allowed[ids].any()):
+        return "No token in allowed_token_ids can begin the structured output."
+    return None

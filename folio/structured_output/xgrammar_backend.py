@@ -15,10 +15,12 @@ from folio.structured_output.backend import GrammarTimer
 from folio.structured_output.spec import GrammarSpec, schema_keywords
 
 # Keywords xgrammar 0.2.8 accepts but does not enforce (its grammar is the same without them):
-# refused rather than silently ignored.
+# refused rather than silently ignored ("auto" then tries llguidance, which enforces allOf and
+# refuses not). `allOf` even drops its siblings (`{"type": "integer", "allOf": [...]}` admitted
+# null); both found by a review that validated outputs with jsonschema (session 22).
 XGRAMMAR_IGNORED_KEYWORDS = frozenset({
     "uniqueItems", "contains", "propertyNames", "dependentRequired", "dependentSchemas",
-    "if", "then", "else", "unevaluatedProperties", "unevaluatedItems",
+    "if", "then", "else", "unevaluatedProperties", "unevaluatedItems", "not", "allOf",
 })
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from folio.engine.async_llm import AsyncLLM
-from folio.engine.engine_loop import Died, Stepped
+from folio.engine.engine_loop import Died, RequestError, Stepped
 from folio.engine.engine_stats import EngineStats
 from folio.outputs import CompletionOutput, RequestOutput
 
@@ -75,7 +75,7 @@ def test_a_reused_ids_stale_output_does_not_reach_the_new_request():
     llm._streams["X"] = SimpleNamespace(put=got.append)
     llm._pending["X"] = asyncio.new_event_loop().create_future()  # added, not yet accepted
     stats = _Core.initial_stats
-    llm._on_step(Stepped(outputs=[_finished("X", 111)], failed={"X": "the old one failed"}, stats=stats, seconds=0.0))
+    llm._on_step(Stepped(outputs=[_finished("X", 111)], failed={"X": RequestError("the old one failed", invalid=False)}, stats=stats, seconds=0.0))
     assert got == [] and "X" in llm._streams
     del llm._pending["X"]  # Accepted: from now on the outputs are the new X's
     llm._on_step(Stepped(outputs=[_finished("X", 222)], failed={}, stats=stats, seconds=0.0))

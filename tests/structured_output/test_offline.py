@@ -207,6 +207,27 @@ def test_invalid_constraints_are_value_errors_and_the_engine_survives(llm, const
     assert ok.outputs[0].text == "ok"
 
 
+@pytest.mark.parametrize(
+    "constraint, allowed, match",
+    [
+        (dict(grammar="root ::= root"), None, "admits no output"),  # no string at all
+        (dict(regex="[^\\s\\S]"), None, "admits no output"),  # an empty character class
+        (dict(json={"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}), None, "admits no output"),
+        (dict(choice=["yes", "no"]), "eos", "allowed_token_ids"),  # no allowed token begins a choice
+    ],
+)
+def test_constraints_no_output_satisfies_are_errors_not_empty_outputs(llm, constraint, allowed, match):
+    # An empty output with finish_reason "stop" would claim a complete document.
+    eos = llm.get_tokenizer().eos_token_id
+    params = SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(**constraint),
+                            allowed_token_ids=[eos] if allowed == "eos" else None)
+    with pytest.raises(ValueError, match=match):
+        llm.generate(["x", "y"], [SamplingParams(max_tokens=2), params], use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    (ok,) = llm.generate("x", SamplingParams(max_tokens=3, structured_outputs=StructuredOutputsParams(choice=["ok"])), use_tqdm=False)
+    assert ok.outputs[0].text == "ok"
+
+
 def test_params_shape_errors():
     with pytest.raises(ValueError, match="exactly one"):
         StructuredOutputsParams(json={}, regex="a")
@@ -216,6 +237,9 @@ def test_params_shape_errors():
         StructuredOutputsParams(regex="a", whitespace_pattern=r"\s*")
     with pytest.raises(ValueError, match="choice"):
         StructuredOutputsParams(choice=[])
+    for flag, value in (("disable_any_whitespace", "false"), ("json_object", "no"), ("disable_fallback", 0)):
+        with pytest.raises(ValueError, match=f"{flag} must be a boolean"):  # "false" would read as true
+            StructuredOutputsParams.from_value({"json": {"type": "object"}, flag: value} if flag != "json_object" else {flag: value})
     with pytest.raises(ValueError, match="not both"):
         SamplingParams(structured_outputs={"regex": "a"}, guided_decoding={"regex": "b"})
     assert SamplingParams(guided_decoding={"choice": ["a"]}).structured_outputs.choice == ["a"]
@@ -308,6 +332,14 @@ def test_auto_backend_falls_back_to_guidance_and_unenforceable_keywords_are_refu
     for engine in (llm, strict):
         with pytest.raises(SamplingParamsError, match="uniqueItems"):
             engine.generate("x", SamplingParams(structured_outputs=unique), use_tqdm=False)
+    with pytest.raises(SamplingParamsError, match="not"):  # neither backend enforces not
+        llm.generate("x", SamplingParams(structured_outputs=_json({"not": {"type": "null"}})), use_tqdm=False)
+    at_least = {"type": "integer", "allOf": [{"minimum": 500}]}  # xgrammar ignores allOf; llguidance enforces it
+    with pytest.raises(SamplingParamsError, match="allOf"):
+        strict.generate("x", SamplingParams(structured_outputs=_json(at_least)), use_tqdm=False)
+    params = SamplingParams(temperature=1.0, n=4, max_tokens=8, structured_outputs=_json(at_least))
+    finished = [c for c in llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs if c.finish_reason == "stop"]
+    assert finished and all(json.loads(c.text) >= 500 for c in finished)
     named_like_keywords = {"type": "object", "properties": {"contains": {"enum": [1, 2]}, "if": {"type": "boolean"}}, "required": ["contains", "if"]}
     (ok,) = strict.generate("x", SamplingParams(max_tokens=100, structured_outputs=_json(named_like_keywords)), use_tqdm=False)
     assert set(json.loads(ok.outputs[0].text)) == {"contains", "if"}

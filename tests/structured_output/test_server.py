@@ -111,6 +111,17 @@ def test_tool_choice_required_returns_valid_calls(client):
         _check_calls(choice.message.tool_calls)
 
 
+def test_tool_choice_required_cut_short_keeps_the_unfinished_call_as_content(client):
+    # max_tokens ends the list inside a call: nothing generated is dropped, streamed or not.
+    r = _chat(client, n=2, tools=TOOLS, tool_choice="required", max_tokens=6)
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
+                       _chat(client, stream=True, tools=TOOLS, tool_choice="required", max_tokens=6))
+    for choice in r.choices:
+        assert choice.finish_reason == "length" and not choice.message.tool_calls
+        assert choice.message.content and choice.message.content.startswith("[")
+    assert streamed.startswith("[") and len(streamed) > 1
+
+
 def test_tool_choice_named_and_tools_reach_the_template(client):
     named = {"type": "function", "function": {"name": "set_alarm"}}
     r = _chat(client, tools=TOOLS, tool_choice=named)
@@ -192,6 +203,15 @@ def test_bad_constraints_are_400(client, kwargs, param):
         _chat(client, **kwargs)
     if param is not None:
         assert info.value.body["param"] == param
+    assert _chat(client, max_tokens=2).choices[0].finish_reason  # the server still serves
+
+
+def test_a_constraint_nothing_satisfies_is_an_error_not_an_empty_stop(client):
+    # Found by a review: these returned 200 with "" and finish_reason "stop".
+    unsatisfiable = dict(extra_body={"structured_outputs": {"grammar": "root ::= root"}})
+    with pytest.raises(openai.BadRequestError) as info:
+        _chat(client, **unsatisfiable)
+    assert "admits no output" in info.value.body["message"] and info.value.body["param"] == "structured_outputs"
     assert _chat(client, max_tokens=2).choices[0].finish_reason  # the server still serves
 
 

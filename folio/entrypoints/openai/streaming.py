@@ -16,6 +16,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from folio.engine.async_llm import RequestStream
+from folio.entrypoints.openai.errors import from_engine_error
 from folio.outputs import RequestOutput
 
 DONE = "data: [DONE]\n\n"
@@ -94,6 +95,8 @@ async def final_outputs(streams: list[RequestStream]) -> list[RequestOutput]:
     """The last output of each stream (FINAL_ONLY requests have just one); aborts on the way out."""
     try:
         return list(await asyncio.gather(*(_last(s) for s in streams)))
+    except ValueError as e:  # refused after it was added (e.g. a constraint nothing satisfies): a 400
+        raise from_engine_error(e) from None
     finally:
         abort_all(streams)
 

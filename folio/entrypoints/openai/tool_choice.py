@@ -38,7 +38,11 @@ class ToolPlan:
         if self.mode == "named":
             return "", [ParsedCall(self.function_name or "", text)]
         if self.mode == "required":
-            return "", required_calls(text)
+            calls, end = required_calls(text)
+            # An output cut short (max_tokens) ends inside the list: its unfinished part becomes
+            # the content when the output is final, so nothing generated is lost.
+            rest = text[end:].strip(" \t\r\n,") if final else ""
+            return (text[end:].lstrip(" \t\r\n,") if rest and rest != "]" else ""), calls
         if self.mode == "auto" and self.parser is not None:
             return self.parser.parse(text, final)
         return text, []
@@ -119,30 +123,34 @@ def constrain_to_tools(params: Any, plan: ToolPlan) -> Any:
     return params
 
 
-def required_calls(text: str) -> list[ParsedCall]:
-    """The complete calls at the start of a (possibly unfinished) JSON list of calls."""
+def required_calls(text: str) -> tuple[list[ParsedCall], int]:
+    """The complete calls at the start of a (possibly unfinished) JSON list of calls, and where
+    the text after them starts (0 when no item is complete)."""
     calls = []
-    for item in complete_list_items(text):
+    items, end = complete_list_items(text)
+    for item in items:
         if isinstance(item, dict) and isinstance(item.get("name"), str):
             calls.append(ParsedCall(item["name"], json.dumps(item.get("parameters", {}), ensure_ascii=False)))
-    return calls
+    return calls, end if items else 0
 
 
-def complete_list_items(text: str) -> list[Any]:
-    """The items of a JSON list whose text is complete so far (the list may still be open)."""
+def complete_list_items(text: str) -> tuple[list[Any], int]:
+    """The items of a JSON list whose text is complete so far (the list may still be open), and
+    the end of the last one (of the "[" before the first)."""
     decoder = json.JSONDecoder()
     pos = text.find("[")
     if pos < 0:
-        return []
+        return [], 0
     pos += 1
-    items = []
+    items, end = [], pos
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
         if pos >= len(text) or text[pos] == "]":
-            return items
+            return items, end
         try:
             item, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
-            return items
+            return items, end
         items.append(item)
+        end = pos
