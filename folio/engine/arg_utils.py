@@ -162,6 +162,7 @@ class EngineArgs:
             master_port=self.master_port,
             distributed_executor_backend=self.distributed_executor_backend,
         )
+        _check_heads_divide(model, parallel.tensor_parallel_size)
         speculative = SpeculativeConfig.from_user(self.speculative_config)
         if speculative is not None and parallel.tensor_parallel_size > 1:
             # Drafts and verification run on rank 0's runner only so far (docs/spec_decode.md).
@@ -328,3 +329,16 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
     return value
+
+
+def _check_heads_divide(model: ModelConfig, tp: int) -> None:
+    """The attention heads' split over the ranks (layers/linear.py's rule), checked before any
+    worker process starts rather than in each of them after they have."""
+    if tp == 1 or not model.hf_config.get("num_attention_heads"):
+        return
+    heads, kv_heads = model.num_attention_heads, model.num_kv_heads
+    if heads % tp:
+        raise ValueError(f"{heads} attention heads do not divide over {tp} tensor-parallel ranks "
+                         f"(tensor_parallel_size must divide {heads}).")
+    if (kv_heads % tp if kv_heads >= tp else tp % kv_heads):
+        raise ValueError(f"{kv_heads} KV heads cannot be split or replicated evenly over {tp} tensor-parallel ranks.")

@@ -37,6 +37,8 @@ class SampleState:
     sent_tokens: int = 0  # for DELTA outputs: what the caller has already seen
     sent_text: int = 0
     finish_sent: bool = False
+    # min_tokens: stop strings are searched only in text after the min_tokens-th token (vLLM's rule)
+    stop_check_from: int = 0
 
 
 @dataclass
@@ -211,7 +213,10 @@ class OutputProcessor:
                 out.new_token_ids, finished=out.finish_reason is not None
             )
             sample.text = sample.detokenizer.output_text
-            stop = find_stop(sample.text, len(new_text), sample.params.stop,
+            if len(sample.token_ids) <= sample.params.min_tokens:
+                sample.stop_check_from = len(sample.text)
+            new_len = min(len(new_text), len(sample.text) - sample.stop_check_from)
+            stop = find_stop(sample.text, new_len, sample.params.stop,
                              sample.params.include_stop_str_in_output)
             if stop is not None:
                 stop_str, cut = stop

@@ -82,6 +82,25 @@ def test_stop_string_cuts_text(llm):
     assert kept.outputs[0].text == text[: text.index(stop) + len(stop)]
 
 
+def test_stop_strings_wait_for_min_tokens(llm):
+    # A stop string in the text of the first min_tokens tokens does not end the output (vLLM's
+    # rule, as for stop token ids); one completed after them does.
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    (full,) = llm.generate(PROMPTS[3], greedy, use_tqdm=False)
+    c = full.outputs[0]
+    prefix_len = len(llm.get_tokenizer().decode(c.token_ids[:2]))
+    stop = c.text[prefix_len - 1 : prefix_len]  # the last character of the first two tokens' text
+    assert stop.strip(), c.text
+    first = c.text.index(stop)
+    (early,) = llm.generate(PROMPTS[3], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]), use_tqdm=False)
+    assert early.outputs[0].text == c.text[:first] and early.outputs[0].finish_reason == "stop"
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop], min_tokens=2)
+    (late,) = llm.generate(PROMPTS[3], params, use_tqdm=False)
+    later = c.text.find(stop, prefix_len)  # the first occurrence past the two tokens' text, if any
+    want = c.text if later < 0 else c.text[:later]
+    assert late.outputs[0].text == want and len(late.outputs[0].token_ids) >= 2
+
+
 def test_stop_token_ids_and_min_tokens(llm):
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     (full,) = llm.generate(PROMPTS[3], greedy, use_tqdm=False)
@@ -174,3 +193,20 @@ def test_priority_policy_runs_urgent_first(tmp_path_factory):
     while engine.has_unfinished_requests():
         order += [o.request_id for o in engine.step() if o.finished]
     assert order == ["urgent", "late"]
+    # A priority that is not an int is refused before anything is queued, so later requests run.
+    greedy = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    for bad in ([0, "a"], [None, 1], [0, True]):
+        with pytest.raises(ValueError, match="priority must be an int"):
+            llm.generate(PROMPTS[:2], params, priority=bad, use_tqdm=False)
+        assert not engine.has_unfinished_requests()
+    again = llm.generate(PROMPTS[:2], params, priority=[3, 4], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in greedy]
+
+
+def test_priority_without_the_priority_policy_is_refused(tmp_path_factory):
+    path = tiny_model_dir(tmp_path_factory, "llama", "prio")
+    llm = LLM(model=path, dtype="float32", device="cpu", max_model_len=64)
+    with pytest.raises(ValueError, match="priority scheduling is not enabled"):
+        llm.generate(PROMPTS[:2], SamplingParams(max_tokens=2), priority=[0, 5], use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert len(llm.generate(PROMPTS[:2], SamplingParams(max_tokens=2), priority=[0, 0], use_tqdm=False)) == 2

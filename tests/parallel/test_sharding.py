@@ -3,6 +3,9 @@ equals the matching part of the whole tensor, read through safetensors' get_slic
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -71,6 +74,17 @@ def test_uneven_heads_are_a_clear_error(monkeypatch) -> None:
         QKVLinear(12, 2, 6, 2)
     with pytest.raises(ValueError, match="3 KV heads cannot be split or replicated evenly over 4"):
         QKVLinear(12, 2, 12, 3)
+
+
+def test_heads_that_do_not_split_are_refused_before_any_worker_starts(tmp_path_factory) -> None:
+    # Found by a review: tensor_parallel_size=64 spawned 64 workers (~100 s) before each failed.
+    from folio.engine.arg_utils import EngineArgs
+    from tests.helpers.checkpoints import tiny_model_dir
+
+    path = tiny_model_dir(tmp_path_factory, "llama", "tp-heads")
+    heads = json.loads((Path(path) / "config.json").read_text())["num_attention_heads"]
+    with pytest.raises(ValueError, match=f"{heads} attention heads do not divide over {heads * 16}"):
+        EngineArgs(model=path, tensor_parallel_size=heads * 16, device="cpu").create_engine_config()
 
 
 def test_parallel_config_validation() -> None:
