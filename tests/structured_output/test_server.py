@@ -196,6 +196,9 @@ def test_streamed_reasoning_is_kept_out_of_content(client):
         (dict(tool_choice="required"), "tool_choice"),
         (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}], tool_choice="required"), "tools"),
         (dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}), "tool_choice"),
+        # a schema the type does not use would be dropped unenforced (found by a review)
+        (dict(response_format={"type": "json_object", "json_schema": {"name": "x", "schema": {"type": "integer"}}}), "response_format"),
+        (dict(response_format={"type": "text", "json_schema": {"name": "x", "schema": {"type": "integer"}}}), "response_format"),
     ],
 )
 def test_bad_constraints_are_400(client, kwargs, param):

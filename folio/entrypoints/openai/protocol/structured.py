@@ -77,7 +77,14 @@ class StructuredOutputFields(BaseModel):
 
 
 def _from_response_format(fmt: ResponseFormat | None) -> dict[str, Any] | None:
-    if fmt is None or fmt.type == "text":
+    if fmt is None:
+        return None
+    unused = [name for name in ("json_schema", "structures", "triggers", "format")
+              if getattr(fmt, name) is not None and not _used_by(fmt.type, name)]
+    if unused:  # a schema sent with type "json_object" or "text" would be dropped unenforced
+        raise SamplingParamsError("response_format", f'response_format of type "{fmt.type}" does not use '
+                                  f"{', '.join(unused)}; send type \"json_schema\" for a schema.")
+    if fmt.type == "text":
         return None
     if fmt.type == "json_object":
         return {"json_object": True}
@@ -89,3 +96,9 @@ def _from_response_format(fmt: ResponseFormat | None) -> dict[str, Any] | None:
     if fmt.json_schema is None or fmt.json_schema.json_schema is None:
         raise SamplingParamsError("response_format", 'response_format of type "json_schema" needs json_schema.schema.')
     return {"json": fmt.json_schema.json_schema}
+
+
+def _used_by(kind: str, name: str) -> bool:
+    """Whether response_format's field `name` means something for its type."""
+    return (kind == "json_schema" and name == "json_schema") or (
+        kind == "structural_tag" and name in ("structures", "triggers", "format"))
