@@ -60,7 +60,9 @@ def normalize_logit_bias(bias: Any) -> dict[int, float]:
     out: dict[int, float] = {}
     for key, value in bias.items():
         try:
-            tok = int(key)
+            if isinstance(key, (bool, float)):  # 1.7 or True would silently become token 1
+                raise TypeError(key)
+            tok = int(key)  # ints, and JSON's string keys ("50256")
         except (TypeError, ValueError):
             raise SamplingParamsError(
                 "logit_bias", f"logit_bias keys must be token ids, got {key!r}."

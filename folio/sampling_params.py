@@ -246,6 +246,12 @@ class SamplingParams:
         self._verify_vllm_extras()
 
     def _verify_vllm_extras(self) -> None:
+        for name in ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
+                     "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):  # "no" would read as true
+                raise SamplingParamsError(name, f"{name} must be a boolean, got {getattr(self, name)!r}.")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise SamplingParamsError("extra_args", f"extra_args must be a dict, got {type(self.extra_args).__name__}.")
         if self.stop and not self.detokenize:  # matched on the text, which is then never made
             raise SamplingParamsError("stop", "stop strings need detokenize=True (they are matched on the "
                                               "output text); use stop_token_ids with detokenize=False.")

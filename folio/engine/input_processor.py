@@ -32,6 +32,10 @@ class ProcessedPrompt:
     lora_request: LoRARequest | None = None
 
 
+# The keys a dict prompt may carry (vLLM's TextPrompt / TokensPrompt, text only).
+_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
+
+
 class InputProcessor:
     def __init__(
         self,
@@ -50,6 +54,11 @@ class InputProcessor:
         if isinstance(prompt, str):
             return ProcessedPrompt(prompt, self._encode(prompt))
         if isinstance(prompt, Mapping):
+            unknown = sorted(str(k) for k, v in prompt.items() if k not in _PROMPT_KEYS and v is not None)
+            if unknown:  # an image or an option that would be dropped unread
+                why = "folio serves text-only models" if "multi_modal_data" in unknown else "folio does not read them"
+                raise ValueError(f"Prompt keys {', '.join(unknown)} are not supported ({why}); a prompt takes "
+                                 f"{', '.join(sorted(_PROMPT_KEYS))}.")
             salt = prompt.get("cache_salt")
             if salt is not None and (not isinstance(salt, str) or not salt):
                 raise SamplingParamsError("cache_salt", f"cache_salt must be a non-empty string, got {salt!r}.")

@@ -153,6 +153,9 @@ class LLM:
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             params = [pooling_params or PoolingParams()] * len(prompt_list)
         else:
+            if not isinstance(pooling_params, Sequence) or isinstance(pooling_params, str):
+                raise ValueError(f"pooling_params must be PoolingParams or a list of them, got "
+                                 f"{type(pooling_params).__name__}.")
             params = list(pooling_params)
             if len(params) != len(prompt_list):
                 raise ValueError(f"{len(params)} pooling_params for {len(prompt_list)} prompts.")
@@ -182,6 +185,9 @@ class LLM:
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * num_prompts
         else:
+            if not isinstance(sampling_params, Sequence) or isinstance(sampling_params, str):  # e.g. a dict
+                raise ValueError(f"sampling_params must be SamplingParams or a list of them, got "
+                                 f"{type(sampling_params).__name__}.")
             params = list(sampling_params)
             if len(params) != num_prompts:
                 raise ValueError(
@@ -271,5 +277,8 @@ def _as_conversation_list(messages: Any) -> list[ChatMessages]:
     if isinstance(messages, Sequence) and messages and all(isinstance(m, dict) for m in messages):
         return [list(messages)]
     if isinstance(messages, Sequence) and messages and all(isinstance(m, (list, tuple)) for m in messages):
+        empty = [i for i, m in enumerate(messages) if not m]
+        if empty:  # it would render to a bare generation prompt
+            raise ValueError(f"Conversation {empty[0]} of {len(messages)} is empty: each needs at least one message.")
         return [list(m) for m in messages]
     raise ValueError("messages must be a list of {'role', 'content'} dicts, or a list of such lists.")

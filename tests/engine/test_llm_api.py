@@ -157,6 +157,15 @@ def test_invalid_inputs_raise_and_queue_nothing(llm):
         llm.generate(PROMPTS[0], SamplingParams(logprobs=50), use_tqdm=False)
     with pytest.raises(ValueError, match="2 sampling_params for 4 prompts"):
         llm.generate(PROMPTS, [SamplingParams(), SamplingParams()], use_tqdm=False)
+    # Found by a review: these were dropped or misread without a word.
+    with pytest.raises(ValueError, match="sampling_params must be SamplingParams or a list of them, got dict"):
+        llm.generate(PROMPTS[:2], {"temperature": 0}, use_tqdm=False)
+    with pytest.raises(ValueError, match="multi_modal_data are not supported .folio serves text-only"):
+        llm.generate({"prompt": "Describe:", "multi_modal_data": {"image": "x.png"}}, use_tqdm=False)
+    with pytest.raises(ValueError, match="Prompt keys foo are not supported"):
+        llm.generate([PROMPTS[0], {"prompt": "Hi", "foo": 1}], use_tqdm=False)
+    with pytest.raises(ValueError, match="Conversation 1 of 2 is empty"):
+        llm.chat([[{"role": "user", "content": "hi"}], []], use_tqdm=False)
     assert not engine.has_unfinished_requests()
     stats = engine.stats()
     assert stats.num_running == stats.num_waiting == 0

@@ -44,6 +44,13 @@ INVALID = [
     ("logit_bias", {"x": 1.0}),
     ("logit_bias", {-1: 1.0}),
     ("logit_bias", [1, 2]),
+    # found by a review: coerced or read by truthiness before
+    ("logit_bias", {1.7: 1.0}),
+    ("logit_bias", {True: 1.0}),
+    ("ignore_eos", "no"),
+    ("skip_special_tokens", 0),
+    ("include_stop_str_in_output", None),
+    ("extra_args", [1]),
 ]
 
 
