@@ -11,10 +11,14 @@ def resolve_device(device: str) -> str:
     """'auto' is 'cuda' when torch sees a GPU, else 'cpu'."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}.")
-    if device != "auto":
-        return device
     import torch  # config is above core/, so torch is allowed here
 
+    if device == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build of torch" if torch.version.cuda is None else "no visible CUDA device"
+        raise ValueError(f"device='cuda' was asked for, but torch {torch.__version__} sees no GPU ({build}); "
+                         "use device='cpu' or 'auto'.")
+    if device != "auto":
+        return device
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

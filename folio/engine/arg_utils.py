@@ -111,6 +111,8 @@ class EngineArgs:
         return cls(**kwargs)
 
     def create_engine_config(self) -> EngineConfig:
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}.")
         device = resolve_device(self.device)
         model_path = resolve_model_path(self.model)
         model = ModelConfig.create(

@@ -18,7 +18,7 @@ from folio.lora.request import LoRARequest
 from folio.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from folio.pooling_params import PoolingParams
 from folio.sampling_params import RequestOutputKind, SamplingParams
-from folio.transformers_utils.chat_template import render_chat, resolve_chat_template
+from folio.transformers_utils.chat_template import check_template_kwargs, render_chat, resolve_chat_template
 
 ChatMessages = list[dict[str, Any]]
 
@@ -122,6 +122,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Render each conversation with the checkpoint's chat template, then generate."""
         conversations = _as_conversation_list(messages)
+        template_kwargs = check_template_kwargs(chat_template_kwargs)
         tokenizer = self.get_tokenizer()
         template = resolve_chat_template(self.llm_engine.config.model.tokenizer, tokenizer, chat_template)
         prompts = []
@@ -134,7 +135,7 @@ class LLM:
                 tools=tools,
                 bos_token=getattr(tokenizer, "bos_token", None),
                 eos_token=getattr(tokenizer, "eos_token", None),
-                **(chat_template_kwargs or {}),
+                **template_kwargs,
             )
             ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})

@@ -112,6 +112,22 @@ def _read_json(path: str) -> dict[str, Any] | None:
 # ---- rendering --------------------------------------------------------------------------------
 
 
+# render_chat's own arguments: chat_template_kwargs may not set them.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "template", "messages", "add_generation_prompt", "continue_final_message",
+    "tools", "documents", "bos_token", "eos_token",
+})
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """chat_template_kwargs as a dict, refusing the names render_chat sets itself."""
+    kwargs = dict(kwargs or {})
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
+    if reserved:
+        raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(reserved)}.")
+    return kwargs
+
+
 def render_chat(
     template: str | None,
     messages: Sequence[Any],
@@ -185,10 +201,12 @@ def _flatten_content(content: Any) -> str | None:
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if kind != "text":
             raise ChatTemplateError(
                 f"Message content part of type {kind!r} is not supported; only 'text' parts are."
             )
+        if not isinstance(part.get("text"), str):
+            raise ChatTemplateError(f"A 'text' content part needs a string 'text', got {part.get('text')!r}.")
         texts.append(part["text"])
     return "\n".join(texts)
 

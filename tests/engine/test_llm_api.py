@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from folio import LLM, RequestOutput, SamplingParams
 from folio.sampling_params import SamplingParamsError
@@ -166,6 +167,8 @@ def test_invalid_inputs_raise_and_queue_nothing(llm):
         llm.generate([PROMPTS[0], {"prompt": "Hi", "foo": 1}], use_tqdm=False)
     with pytest.raises(ValueError, match="Conversation 1 of 2 is empty"):
         llm.chat([[{"role": "user", "content": "hi"}], []], use_tqdm=False)
+    with pytest.raises(ValueError, match="chat_template_kwargs may not set bos_token"):
+        llm.chat([{"role": "user", "content": "hi"}], chat_template_kwargs={"bos_token": 1}, use_tqdm=False)
     assert not engine.has_unfinished_requests()
     stats = engine.stats()
     assert stats.num_running == stats.num_waiting == 0
@@ -177,6 +180,16 @@ def test_invalid_inputs_raise_and_queue_nothing(llm):
 def test_unknown_llm_argument_is_a_clear_error(tmp_path):
     with pytest.raises(TypeError, match="Unknown engine argument"):
         LLM(model=str(tmp_path), no_such_option=1)
+
+
+def test_bad_seed_and_a_missing_gpu_are_clear_errors(tmp_path_factory):
+    # Found by a review: a RuntimeError from torch.manual_seed, and an AssertionError from torch.
+    path = tiny_model_dir(tmp_path_factory, "llama", "args")
+    with pytest.raises(ValueError, match="seed must be an int, got str"):
+        LLM(model=path, seed="x")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda' was asked for, but torch .* sees no GPU"):
+            LLM(model=path, device="cuda")
 
 
 def test_abort_frees_blocks(llm):

@@ -89,6 +89,18 @@ def test_invalid_chat_fields_are_400_naming_the_field(server, fields, param):
         assert error["param"] == param
 
 
+def test_review_found_messages_name_the_real_problem(server):
+    # NaN said "should be >= 0"; a text part without text said only 'text' parts are supported.
+    for value in (b"NaN", b"Infinity"):
+        body = b'{"prompt": "Hello", "max_tokens": 4, "temperature": ' + value + b"}"
+        r = httpx.post(f"{server.base_url}/completions", content=body, headers={"content-type": "application/json"})
+        error = _error(r, 400)
+        assert error["param"] == "temperature" and "finite" in error["message"]
+    body = {"messages": [{"role": "user", "content": [{"type": "text"}]}], "max_tokens": 2}
+    error = _error(httpx.post(f"{server.base_url}/chat/completions", json=body), 400)
+    assert "needs a string 'text'" in error["message"]
+
+
 def test_continue_final_message_is_accepted(server):
     body = {"messages": [*MESSAGES, {"role": "assistant", "content": "Once"}], "max_tokens": 2,
             "add_generation_prompt": False, "continue_final_message": True}

@@ -23,13 +23,8 @@ from folio.entrypoints.openai.request_logger import RequestLogger
 from folio.entrypoints.openai.serving_models import OpenAIServingModels
 from folio.lora.request import LoRARequest
 from folio.sampling_params import BeamSearchParams, SamplingParams, SamplingParamsError
-from folio.transformers_utils.chat_template import ChatTemplateError, render_chat
+from folio.transformers_utils.chat_template import ChatTemplateError, check_template_kwargs, render_chat
 
-# render_chat's own arguments: chat_template_kwargs may not override them.
-_RESERVED_TEMPLATE_KWARGS = frozenset({
-    "template", "messages", "add_generation_prompt", "continue_final_message",
-    "tools", "documents", "bos_token", "eos_token",
-})
 
 
 # Texts at least this long are tokenized on a worker thread (fast tokenizers release the GIL;
@@ -110,7 +105,8 @@ class OpenAIServing:
         if room < 1:
             raise BadRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens, and the "
-                f"{noun} is {num_prompt_tokens} tokens long: no room is left for the completion.",
+                f"{noun} {'are' if noun == 'messages' else 'is'} {num_prompt_tokens} tokens long: no room is "
+                "left for the completion.",
                 param=prompt_param, code="context_length_exceeded",
             )
         if requested is None:
@@ -211,12 +207,10 @@ class OpenAIServing:
         chat_template_kwargs: dict[str, Any] | None,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        kwargs = dict(chat_template_kwargs or {})
-        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
-        if reserved:
-            raise BadRequestError(
-                f"chat_template_kwargs may not set {', '.join(reserved)}.", param="chat_template_kwargs"
-            )
+        try:
+            kwargs = check_template_kwargs(chat_template_kwargs)
+        except ChatTemplateError as e:
+            raise BadRequestError(str(e), param="chat_template_kwargs") from None
         try:
             return render_chat(
                 self.chat_template,

@@ -22,9 +22,10 @@ TokenId = Annotated[int, Field(ge=0)]
 
 
 class OpenAIBaseModel(BaseModel):
-    """A request body. Strict: JSON types as declared (false is not 0, "1" is not 1)."""
+    """A request body. Strict: JSON types as declared (false is not 0, "1" is not 1); numbers
+    finite (NaN is "not a finite number", not "should be >= 0")."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
