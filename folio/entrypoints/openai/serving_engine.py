@@ -191,7 +191,7 @@ class OpenAIServing:
         longest vocabulary entry (with FIT_SLACK for normalizers)."""
         if self._longest_token_chars is None:
             vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
-            self._longest_token_chars = max(map(len, vocab), default=0) or len(text)
+            self._longest_token_chars = max(map(len, vocab), default=0) or 10**9  # no vocabulary: no bound
         return len(text) // (self._longest_token_chars * FIT_SLACK)
 
     def decode(self, token_ids: list[int], param: str = "prompt") -> str:
