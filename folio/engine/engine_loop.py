@@ -237,7 +237,7 @@ class EngineLoop:
         failed = {}
         for request_id, error in self.engine.take_request_errors().items():
             self._live.discard(request_id)
-            if isinstance(error, ValueError):  # the request's own content (its constraint): the caller's error
+            if isinstance(error, SamplingParamsError):  # its own parameters (e.g. its constraint): the caller's error
                 logger.warning("Request %s refused after it was added: %s", request_id, error)
                 failed[request_id] = RequestError.of(error)
             else:

@@ -56,7 +56,7 @@ from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
 from folio.parallel.launch import Lead, lead
 from folio.sampling_params import SamplingParams, SamplingParamsError
-from folio.structured_output.manager import StructuredOutputManager
+from folio.structured_output.manager import StructuredOutputManager, UnsatisfiableConstraintError
 from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
 from folio.worker.model_runner import ModelRunner, StagedStep
 from folio.worker.pending_output import PendingOutput
@@ -270,9 +270,8 @@ class LLMEngine:
         for request in ready.requests:
             self.scheduler.add_request(request)
         for request_id, _, error in ready.failed:
-            message = (f"The structured output grammar of request {request_id!r} failed to compile: {error}"
-                       if not str(error).startswith(("The structured output constraint", "No token"))
-                       else f"Request {request_id!r}: {error}")
+            message = (f"Request {request_id!r}: {error}" if isinstance(error, UnsatisfiableConstraintError)
+                       else f"The structured output grammar of request {request_id!r} failed to compile: {error}")
             self.output_processor.fail_request(request_id, SamplingParamsError("structured_outputs", message))
 
     def _settle_if_idle(self) -> None:

@@ -178,7 +178,8 @@ class StructuredOutputManager:
                 request.grammar = compiled.new_state()
             dead = no_first_token(parked.requests[0], self.vocab_size)
             if dead is not None:  # an empty "complete" output would be a lie: fail the request
-                ready.failed.append((parked.request_id, [r.request_id for r in parked.requests], ValueError(dead)))
+                failed = UnsatisfiableConstraintError(dead)
+                ready.failed.append((parked.request_id, [r.request_id for r in parked.requests], failed))
                 continue
             ready.requests.extend(parked.requests)
         self._parked = still
@@ -229,6 +230,10 @@ def make_backend(name: str, tokenizer: Any, vocab_size: int, stop_token_ids: set
     from folio.structured_output.xgrammar_backend import XGrammarBackend
 
     return XGrammarBackend(tokenizer, vocab_size, stop_token_ids, timer)
+
+
+class UnsatisfiableConstraintError(ValueError):
+    """The request's constraint compiled, but no output can satisfy it."""
 
 
 def no_first_token(request: Request, vocab_size: int) -> str | None:
