@@ -25,8 +25,6 @@ from folio.lora.request import LoRARequest
 from folio.sampling_params import BeamSearchParams, SamplingParams, SamplingParamsError
 from folio.transformers_utils.chat_template import ChatTemplateError, check_template_kwargs, render_chat
 
-
-
 # Texts at least this long are tokenized on a worker thread (fast tokenizers release the GIL;
 # 2 MB of text takes ~1.5 s on a CPU core).
 ENCODE_OFF_LOOP_CHARS = 100_000
