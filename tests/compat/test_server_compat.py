@@ -51,6 +51,17 @@ def test_unknown_fields_are_logged_not_refused(server, captured):
     assert any("fields were present in the request but ignored: ['brand_new_field', 'other']" in m for m in messages)
 
 
+def test_unknown_nested_fields_are_logged_with_where_they_were(server, captured):
+    # A review found fields inside response_format and tools dropped without a log line.
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "foo": 1}, "bar": 2}
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "tools": [tool], "tool_choice": "none",
+            "response_format": {"type": "json_object", "extra_knob": True}}
+    assert _post(server, "/chat/completions", body).status_code == 200
+    messages = [rec.getMessage() for rec in captured]
+    for where, field in (("ResponseFormat", "extra_knob"), ("ToolDefinition", "bar"), ("FunctionDefinition", "foo")):
+        assert any(f"ignored: ['{field}'] (in {where})" in m for m in messages), (where, messages)
+
+
 @pytest.mark.parametrize("field, value", [("audio", {"voice": "x"}), ("modalities", ["text", "audio"]),
                                           ("prediction", {"type": "content"}), ("store", True),
                                           ("functions", [{"name": "f"}])])

@@ -7,10 +7,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from folio.entrypoints.openai.protocol.unsupported import NestedRequestModel
 from folio.sampling_params import SamplingParamsError, StructuredOutputsParams
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(NestedRequestModel):
     model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
     name: str = "response"
     description: str | None = None
@@ -19,10 +20,8 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(NestedRequestModel):
     """OpenAI's response_format: text, json_object, or json_schema with its schema."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
     # vLLM's structural_tag format: the tag object itself (passed to the backend as JSON).

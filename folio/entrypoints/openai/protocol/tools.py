@@ -4,34 +4,32 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from folio.entrypoints.openai.protocol.unsupported import NestedRequestModel
 
 
 def _is_none(value: Any) -> bool:
     return value is None
 
 
-class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+class FunctionDefinition(NestedRequestModel):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolDefinition(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+class ToolDefinition(NestedRequestModel):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
-class NamedFunction(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+class NamedFunction(NestedRequestModel):
     name: str
 
 
-class NamedToolChoice(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+class NamedToolChoice(NestedRequestModel):
     type: Literal["function"] = "function"
     function: NamedFunction
 

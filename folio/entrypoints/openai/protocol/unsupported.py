@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
 from folio.logger import init_logger
 
@@ -46,13 +46,28 @@ def refused_fields(model: type[BaseModel]) -> dict[str, Refused]:
     }
 
 
-def log_ignored_fields(model: type[BaseModel], data: Any) -> None:
+def log_ignored_fields(model: type[BaseModel], data: Any, where: str | None = None) -> None:
     if not isinstance(data, dict):
         return
     known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
     ignored = sorted(set(data) - known)
     if ignored:
-        logger.warning("The following fields were present in the request but ignored: %s", ignored)
+        logger.warning("The following fields were present in the request but ignored: %s%s", ignored,
+                       f" (in {where})" if where else "")
+
+
+class NestedRequestModel(BaseModel):
+    """A part of a request body (response_format, a tool): strict JSON types, and unknown fields
+    ignored but logged with where they were, as at the top level (a review found them dropped
+    without a word)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _log_ignored_fields(cls, data: Any) -> Any:
+        log_ignored_fields(cls, data, where=cls.__name__)
+        return data
 
 
 class UnsupportedChatFields(BaseModel):
