@@ -87,6 +87,11 @@ class InputProcessor:
                 self._check_token_id(tok, name)
         for tok in (params.logit_bias or {}):
             self._check_token_id(tok, "logit_bias")
+        if params.min_tokens and params.allowed_token_ids:
+            banned = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else self.eos_token_ids)
+            if set(params.allowed_token_ids) <= banned:  # min_tokens bans every token it may take
+                raise SamplingParamsError("allowed_token_ids", "Every token in allowed_token_ids ends the output "
+                                          "(EOS or stop_token_ids), which min_tokens forbids: nothing can be generated.")
         if params.stop and self.tokenizer is None:  # no text is made: the strings would never match
             raise SamplingParamsError("stop", "stop strings need a tokenizer; this engine has none "
                                               "(use stop_token_ids).")

@@ -36,3 +36,18 @@ def test_every_kind_of_bad_id_is_refused_by_name(processor, bad, message):
 def test_a_prompt_that_is_not_a_list_is_refused(processor):
     with pytest.raises(ValueError, match="must be a list of integers"):
         processor.process_prompt({"prompt_token_ids": "1 2 3"})
+
+
+def test_min_tokens_with_only_ending_tokens_allowed_is_refused():
+    # Found by a review: min_tokens=8 with allowed_token_ids=[EOS] generated 8 EOS tokens.
+    from folio.sampling_params import SamplingParams
+
+    processor = InputProcessor(SimpleNamespace(vocab_size=100), None, {0, 2}, 5)
+    with pytest.raises(SamplingParamsError, match="nothing can be generated") as err:
+        processor.check_params(SamplingParams(min_tokens=8, allowed_token_ids=[0, 2]), 3)
+    assert err.value.param == "allowed_token_ids"
+    with pytest.raises(SamplingParamsError, match="nothing can be generated"):
+        processor.check_params(SamplingParams(min_tokens=1, allowed_token_ids=[7], stop_token_ids=[7]), 3)
+    processor.check_params(SamplingParams(min_tokens=8, allowed_token_ids=[0, 2], ignore_eos=True), 3)  # EOS is not an end
+    processor.check_params(SamplingParams(min_tokens=8, allowed_token_ids=[0, 5]), 3)
+    processor.check_params(SamplingParams(allowed_token_ids=[0]), 3)  # no min_tokens: EOS may end it at once
