@@ -101,6 +101,20 @@ def test_review_found_messages_name_the_real_problem(server):
     assert "needs a string 'text'" in error["message"]
 
 
+@pytest.mark.parametrize("path, field, value, words", [
+    ("/completions", "prompt", [-1], "prompt[0] is a negative token id (-1)"),
+    ("/completions", "prompt", ["a", ""], "prompt[1] is an empty string"),
+    ("/completions", "prompt", [1, "a"], "prompt mixes string and token id"),
+    ("/completions", "prompt", [[1, -2]], "prompt[0][1] must be a token id"),
+    ("/embeddings", "input", [-1], "input[0] is a negative token id (-1)"),
+])
+def test_prompt_shape_errors_say_what_is_wrong(server, model_name, path, field, value, words):
+    # pydantic named only the union's first branch: "Input should be a valid string (and 3 more problems)"
+    body = {"model": model_name, field: value} | ({"max_tokens": 2} if field == "prompt" else {})
+    error = _error(httpx.post(f"{server.base_url}{path}", json=body), 400)
+    assert error["param"] == field and words in error["message"]
+
+
 def test_continue_final_message_is_accepted(server):
     body = {"messages": [*MESSAGES, {"role": "assistant", "content": "Once"}], "max_tokens": 2,
             "add_generation_prompt": False, "continue_final_message": True}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from folio.entrypoints.openai.protocol.structured import StructuredOutputFields
 from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, SamplingParamsError
@@ -19,6 +19,55 @@ from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingP
 MAX_N = 128
 
 TokenId = Annotated[int, Field(ge=0)]
+
+_PROMPT_KINDS = ("string", "token id", "token-id list")
+
+
+def prompt_problem(value: Any, name: str) -> str | None:
+    """What is wrong, in words, with a prompt (or embedding input) the type union refused:
+    pydantic names only its first branch's error ("Input should be a valid string (and 3 more
+    problems)"), which hides a negative id or an empty string. None when nothing specific."""
+    shapes = "a string, a list of strings, a list of token ids or a list of token-id lists"
+    if isinstance(value, str):
+        return f"{name} must not be empty." if not value else None
+    if not isinstance(value, list):
+        return f"{name} must be {shapes}, got {type(value).__name__}."
+    if not value:
+        return f"{name} must not be empty."
+    kinds = sorted({_kind(v) for v in value})
+    if len(kinds) > 1:
+        return f"{name} mixes {' and '.join(kinds)}: a list holds one kind ({shapes})."
+    for i, item in enumerate(value):
+        if kinds[0] not in _PROMPT_KINDS:
+            return f"{name}[{i}] must be a string, a token id or a list of token ids, got {item!r}."
+        if kinds[0] == "string" and not item:
+            return f"{name}[{i}] is an empty string."
+        if kinds[0] == "token id" and item < 0:
+            return f"{name}[{i}] is a negative token id ({item})."
+        if kinds[0] == "token-id list":
+            if not item:
+                return f"{name}[{i}] is an empty list."
+            for j, token in enumerate(item):
+                if _kind(token) != "token id" or token < 0:
+                    return f"{name}[{i}][{j}] must be a token id (a non-negative integer), got {token!r}."
+    return None
+
+
+def prompt_in_words(handler: Any, value: Any, name: str) -> Any:
+    """A wrap validator's body: the union's result, or its failure said in words (prompt_problem)."""
+    try:
+        return handler(value)
+    except ValidationError:
+        problem = prompt_problem(value, name)
+        if problem is None:
+            raise
+        raise ValueError(problem) from None
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    return {int: "token id", str: "string", list: "token-id list"}.get(type(value), type(value).__name__)
 
 
 class OpenAIBaseModel(BaseModel):

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 from pydantic_core import SchemaValidator, core_schema
 
-from folio.entrypoints.openai.protocol.common import SamplingRequest, TokenId, UsageInfo
+from folio.entrypoints.openai.protocol.common import SamplingRequest, TokenId, UsageInfo, prompt_in_words
 
 # A prompt is text, a batch of texts, token ids, or a batch of token id lists.
 Prompt = (
@@ -41,10 +41,10 @@ class CompletionRequest(SamplingRequest):
             try:
                 token_ids = _PLAIN_INTS.validate_python(value)
             except ValidationError:
-                return handler(value)
+                return prompt_in_words(handler, value, "prompt")
             if min(token_ids) >= 0:
                 return token_ids
-        return handler(value)
+        return prompt_in_words(handler, value, "prompt")
 
 
 class CompletionLogprobs(BaseModel):

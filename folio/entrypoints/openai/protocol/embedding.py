@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidatorFunctionWrapHandler, field_validator
 
-from folio.entrypoints.openai.protocol.common import OpenAIBaseModel, TokenId, UsageInfo
+from folio.entrypoints.openai.protocol.common import OpenAIBaseModel, TokenId, UsageInfo, prompt_in_words
 
 EmbeddingInput = (
     Annotated[str, Field(min_length=1)]
@@ -29,6 +29,11 @@ class EmbeddingRequest(OpenAIBaseModel):
     priority: int = 0
     # folio's: "LAST" or "MEAN" pooling for this request (default: the server's pooler_config)
     pooling_type: Literal["LAST", "MEAN", "last", "mean"] | None = None
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _input_in_words(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return prompt_in_words(handler, value, "input")
 
 
 class EmbeddingData(BaseModel):
