@@ -49,4 +49,8 @@ class LogitsProcessors:
                         f"logits processor {proc!r} must return a tensor of shape {tuple(row_logits.shape)}."
                     )
                 row_logits = result.to(logits.dtype)
+            # NaN, or every token at -inf, would sample token 0 as if it were chosen (a review found it).
+            if bool(torch.isnan(row_logits).any()) or not bool((row_logits > float("-inf")).any()):
+                raise ValueError(f"logits processors {[p for p, _ in procs]!r} left no token to sample "
+                                 "(NaN logits, or every token at -inf).")
             logits[row] = row_logits

@@ -79,6 +79,12 @@ def test_logits_processor_errors(llm):
         SamplingParams(logits_processors=[lambda x: x])
     with pytest.raises(SamplingParamsError, match="logits_processors"):
         SamplingParams(logits_processors=["not callable"])
+    # A processor that leaves nothing to sample fails its request, not silently emits token 0.
+    for poison in (lambda ids, logits: logits * float("nan"), lambda ids, logits: logits.fill_(float("-inf"))):
+        with pytest.raises(Exception, match="left no token to sample"):
+            llm.generate(PROMPT, _greedy(logits_processors=[poison]), use_tqdm=False)
+        assert not llm.llm_engine.has_unfinished_requests()
+    assert llm.generate(PROMPT, _greedy(), use_tqdm=False)[0].outputs[0].token_ids
 
 
 def test_truncate_prompt_tokens_keeps_the_end(llm):
