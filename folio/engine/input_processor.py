@@ -36,6 +36,15 @@ class ProcessedPrompt:
 _PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
 
 
+def check_priority(priority: object, policy: str) -> None:
+    """An int; other than 0 only under the priority policy (vLLM's rule: never ignored)."""
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise SamplingParamsError("priority", f"priority must be an int, got {type(priority).__name__} {priority!r}.")
+    if priority != 0 and policy != "priority":
+        raise SamplingParamsError("priority", f"Got priority {priority}, but priority scheduling is not enabled; "
+                                  "start the engine with scheduling_policy='priority'.")
+
+
 class InputProcessor:
     def __init__(
         self,

@@ -49,7 +49,7 @@ from folio.core.scheduler_output import SchedulerOutput
 from folio.engine.arg_utils import EngineArgs
 from folio.engine.beam_search import BeamSearchManager, BeamSearchParams
 from folio.engine.engine_stats import EngineStats, collect_stats
-from folio.engine.input_processor import InputProcessor, PromptType
+from folio.engine.input_processor import InputProcessor, PromptType, check_priority
 from folio.engine.output_processor import OutputProcessor
 from folio.logger import init_logger
 from folio.lora.request import LoRARequest
@@ -147,7 +147,7 @@ class LLMEngine:
         its beam_width best sequences as completions, best first (engine/beam_search.py)."""
         if request_id in self.output_processor.requests or request_id in self.beam_search.searches:
             raise ValueError(f"Request id {request_id!r} is already in use.")
-        self._check_priority(priority)
+        check_priority(priority, self.config.scheduler.policy)
         params = params if params is not None else self.default_sampling_params()
         processed = self.input_processor.truncate_prompt(self.input_processor.process_prompt(prompt), params)
         if lora_request is not None:
@@ -186,14 +186,6 @@ class LLMEngine:
         except Exception:  # nothing of the request may stay behind to fail the next ones
             self.abort_request(request_id)
             raise
-
-    def _check_priority(self, priority: object) -> None:
-        """An int; other than 0 only under the priority policy (vLLM's rule: never ignored)."""
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise SamplingParamsError("priority", f"priority must be an int, got {type(priority).__name__} {priority!r}.")
-        if priority != 0 and self.config.scheduler.policy != "priority":
-            raise SamplingParamsError("priority", f"Got priority {priority}, but priority scheduling is not enabled; "
-                                      "start the engine with scheduling_policy='priority'.")
 
     def _log_no_speculation(self, request_id: str, reason: str) -> None:
         if self.config.speculative is not None:
