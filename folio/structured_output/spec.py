@@ -78,17 +78,22 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depe
 
 def schema_keywords(schema: Any) -> set[str]:
     """Every keyword used anywhere in a JSON schema (property names are not keywords)."""
-    found: set[str] = set()
+    return {key for node in schema_nodes(schema) for key in node}
+
+
+def schema_nodes(schema: Any) -> list[dict[str, Any]]:
+    """Every (sub)schema object of a JSON schema, the root first."""
+    nodes: list[dict[str, Any]] = []
     stack = [schema]
     while stack:
         node = stack.pop()
         if isinstance(node, list):
             stack.extend(node)
         elif isinstance(node, dict):
+            nodes.append(node)
             for key, value in node.items():
-                found.add(key)
                 if key in _SCHEMA_MAPS and isinstance(value, dict):
                     stack.extend(value.values())
                 elif key not in ("enum", "const", "default", "examples"):
                     stack.append(value)
-    return found
+    return nodes

@@ -12,16 +12,19 @@ import torch
 import xgrammar as xgr
 
 from folio.structured_output.backend import GrammarTimer
-from folio.structured_output.spec import GrammarSpec, schema_keywords
+from folio.structured_output.spec import GrammarSpec, schema_keywords, schema_nodes
 
 # Keywords xgrammar 0.2.8 accepts but does not enforce (its grammar is the same without them):
 # refused rather than silently ignored ("auto" then tries llguidance, which enforces allOf and
-# refuses not). `allOf` even drops its siblings (`{"type": "integer", "allOf": [...]}` admitted
-# null); both found by a review that validated outputs with jsonschema (session 22).
+# refuses not). `not` found by a review that validated outputs with jsonschema (session 22).
 XGRAMMAR_IGNORED_KEYWORDS = frozenset({
     "uniqueItems", "contains", "propertyNames", "dependentRequired", "dependentSchemas",
-    "if", "then", "else", "unevaluatedProperties", "unevaluatedItems", "not", "allOf",
+    "if", "then", "else", "unevaluatedProperties", "unevaluatedItems", "not",
 })
+# allOf is enforced in its one-element form with only annotations beside it (Pydantic's
+# {"allOf": [{"$ref": ...}], "description": ...}); with several elements, or beside other keywords
+# (`{"type": "integer", "allOf": [...]}` admitted null), xgrammar ignores it (session 22).
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"})
 
 
 class XGrammarState:
@@ -88,7 +91,8 @@ class XGrammarBackend:
 
     def check(self, spec: GrammarSpec) -> None:
         if spec.kind == "json":
-            ignored = sorted(schema_keywords(json.loads(spec.value)) & XGRAMMAR_IGNORED_KEYWORDS)
+            schema = json.loads(spec.value)
+            ignored = sorted((schema_keywords(schema) & XGRAMMAR_IGNORED_KEYWORDS) | _loose_all_of(schema))
             if ignored:
                 raise ValueError(
                     f"The xgrammar backend cannot enforce JSON schema keyword(s) {', '.join(ignored)}; "
@@ -98,6 +102,15 @@ class XGrammarBackend:
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
         return XGrammarCompiled(self.compiler.compile_grammar(grammar_of(spec)), self.timer)
+
+
+def _loose_all_of(schema: Any) -> set[str]:
+    """{"allOf"} where the schema uses allOf in a form xgrammar does not enforce, else empty."""
+    for node in schema_nodes(schema):
+        parts = node.get("allOf")
+        if parts is not None and (not isinstance(parts, list) or len(parts) != 1 or set(node) - {"allOf"} - ANNOTATIONS):
+            return {"allOf"}
+    return set()
 
 
 # "[09:14:32] /project/cpp/grammar_parser.cc:820: " before xgrammar's messages: not the user's concern.

@@ -340,6 +340,14 @@ def test_auto_backend_falls_back_to_guidance_and_unenforceable_keywords_are_refu
     params = SamplingParams(temperature=1.0, n=4, max_tokens=8, structured_outputs=_json(at_least))
     finished = [c for c in llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs if c.finish_reason == "stop"]
     assert finished and all(json.loads(c.text) >= 500 for c in finished)
+    # Pydantic's one-element allOf beside annotations is enforced by xgrammar: still served by it.
+    pydantic_ref = {"$defs": {"X": {"type": "integer", "minimum": 3, "maximum": 9}}, "type": "object",
+                    "properties": {"a": {"allOf": [{"$ref": "#/$defs/X"}], "description": "an int"}},
+                    "required": ["a"], "additionalProperties": False}
+    params = SamplingParams(temperature=1.0, n=4, max_tokens=30, structured_outputs=_json(pydantic_ref))
+    for c in strict.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs:
+        if c.finish_reason == "stop":
+            jsonschema.validate(json.loads(c.text), pydantic_ref)
     named_like_keywords = {"type": "object", "properties": {"contains": {"enum": [1, 2]}, "if": {"type": "boolean"}}, "required": ["contains", "if"]}
     (ok,) = strict.generate("x", SamplingParams(max_tokens=100, structured_outputs=_json(named_like_keywords)), use_tqdm=False)
     assert set(json.loads(ok.outputs[0].text)) == {"contains", "if"}
