@@ -209,12 +209,17 @@ class OutputProcessor:
                 sample.cumulative_logprob += entry.logprobs[0]
         stopped = False
         if sample.detokenizer is not None and out.new_token_ids:
-            new_text = sample.detokenizer.append(
-                out.new_token_ids, finished=out.finish_reason is not None
-            )
+            new_ids, finished = out.new_token_ids, out.finish_reason is not None
+            split = sample.params.min_tokens - (len(sample.token_ids) - len(new_ids))  # new ids under min_tokens
+            if 0 < split < len(new_ids):  # a multi-token step (drafts) crosses min_tokens: text in two parts
+                new_text = sample.detokenizer.append(new_ids[:split], finished=False)
+                sample.stop_check_from = len(sample.detokenizer.output_text)
+                new_text += sample.detokenizer.append(new_ids[split:], finished=finished)
+            else:
+                new_text = sample.detokenizer.append(new_ids, finished=finished)
+                if split >= len(new_ids):
+                    sample.stop_check_from = len(sample.detokenizer.output_text)
             sample.text = sample.detokenizer.output_text
-            if len(sample.token_ids) <= sample.params.min_tokens:
-                sample.stop_check_from = len(sample.text)
             new_len = min(len(new_text), len(sample.text) - sample.stop_check_from)
             stop = find_stop(sample.text, new_len, sample.params.stop,
                              sample.params.include_stop_str_in_output)
