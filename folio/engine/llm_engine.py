@@ -264,7 +264,10 @@ class LLMEngine:
         for request_id, _, error in ready.failed:
             message = (f"Request {request_id!r}: {error}" if isinstance(error, UnsatisfiableConstraintError)
                        else f"The structured output grammar of request {request_id!r} failed to compile: {error}")
-            self.output_processor.fail_request(request_id, SamplingParamsError("structured_outputs", message))
+            # A ValueError is the grammar's own fault (a 400); else the server's (a 500, with a traceback)
+            failure = SamplingParamsError("structured_outputs", message) if isinstance(error, ValueError) else RuntimeError(message)
+            failure.__cause__ = error
+            self.output_processor.fail_request(request_id, failure)
 
     def _settle_if_idle(self) -> None:
         """With nothing left to run, wait for the step in flight and drop its results (every
