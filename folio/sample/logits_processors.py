@@ -49,8 +49,16 @@ class LogitsProcessors:
                         f"logits processor {proc!r} must return a tensor of shape {tuple(row_logits.shape)}."
                     )
                 row_logits = result.to(logits.dtype)
-            # NaN, or every token at -inf, would sample token 0 as if it were chosen (a review found it).
-            if bool(torch.isnan(row_logits).any()) or not bool((row_logits > float("-inf")).any()):
-                raise ValueError(f"logits processors {[p for p, _ in procs]!r} left no token to sample "
-                                 "(NaN logits, or every token at -inf).")
             logits[row] = row_logits
+        self._check_samplable(logits)
+
+    def _check_samplable(self, logits: torch.Tensor) -> None:
+        """NaN, or every token at -inf, would sample token 0 as if it were chosen (a review found
+        it): refused, with one device sync for all the processed rows."""
+        rows = [row for row, *_ in self.rows]
+        processed = logits[rows]  # [n, vocab]
+        bad = torch.isnan(processed).any(1) | ~(processed > float("-inf")).any(1)  # [n]
+        if bool(bad.any()):
+            procs = self.rows[int(bad.nonzero()[0, 0])][3]
+            raise ValueError(f"logits processors {[p for p, _ in procs]!r} left no token to sample "
+                             "(NaN logits, or every token at -inf).")

@@ -186,11 +186,13 @@ class OpenAIServing:
 
     def at_least_tokens(self, text: str) -> int:
         """A lower bound on the tokens of `text`: no token covers more characters than the
-        longest vocabulary entry (with FIT_SLACK for normalizers)."""
+        longest vocabulary entry (with FIT_SLACK for normalizers). Whitespace is not counted:
+        WordPiece and SentencePiece tokenizers may drop or merge it."""
         if self._longest_token_chars is None:
             vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
             self._longest_token_chars = max(map(len, vocab), default=0) or 10**9  # no vocabulary: no bound
-        return len(text) // (self._longest_token_chars * FIT_SLACK)
+        visible = len(text) - sum(map(text.count, " \t\n\r\x0b\x0c"))
+        return visible // (self._longest_token_chars * FIT_SLACK)
 
     def decode(self, token_ids: list[int], param: str = "prompt") -> str:
         self.require_tokenizer(param, "text")
