@@ -97,3 +97,9 @@ def check_int(name: str, value: Any, minimum: int, what: str | None = None) -> N
         raise SamplingParamsError(
             name, f"{name} must be {what or f'at least {minimum}'}, got {value}."
         )
+
+
+def check_bool(name: str, value: Any, param: str | None = None) -> None:
+    """A JSON boolean only: "false" or 0 would be read by truthiness."""
+    if not isinstance(value, bool):
+        raise SamplingParamsError(param or name, f"{name} must be a boolean, got {value!r}.")

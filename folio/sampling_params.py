@@ -16,6 +16,7 @@ from typing import Any
 from folio.param_checks import (
     MAX_LENGTH_PENALTY,
     SamplingParamsError,
+    check_bool,
     check_int,
     check_number,
     check_range,
@@ -85,12 +86,8 @@ class StructuredOutputsParams:
                     "structured_outputs", f"structured_outputs.{name} must be a non-empty string."
                 )
         for name in ("json_object", "disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
-            value = getattr(self, name)
-            if not isinstance(value, bool) and not (name == "json_object" and value is None):
-                # "false" would read as true: a flag takes a boolean only.
-                raise SamplingParamsError(
-                    "structured_outputs", f"structured_outputs.{name} must be a boolean, got {value!r}."
-                )
+            if not (name == "json_object" and self.json_object is None):
+                check_bool(f"structured_outputs.{name}", getattr(self, name), param="structured_outputs")
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise SamplingParamsError(
                 "structured_outputs", "structured_outputs.json must be a JSON schema (dict or string)."
@@ -248,8 +245,7 @@ class SamplingParams:
     def _verify_vllm_extras(self) -> None:
         for name in ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
                      "include_stop_str_in_output"):
-            if not isinstance(getattr(self, name), bool):  # "no" would read as true
-                raise SamplingParamsError(name, f"{name} must be a boolean, got {getattr(self, name)!r}.")
+            check_bool(name, getattr(self, name))
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise SamplingParamsError("extra_args", f"extra_args must be a dict, got {type(self.extra_args).__name__}.")
         if self.stop and not self.detokenize:  # matched on the text, which is then never made

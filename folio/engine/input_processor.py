@@ -16,6 +16,7 @@ from typing import Any
 from folio.config import ModelConfig
 from folio.core.request import Request
 from folio.lora.request import LoRARequest
+from folio.param_checks import check_int
 from folio.sampling_params import SamplingParams, SamplingParamsError
 
 PromptType = str | Mapping[str, Any]
@@ -38,8 +39,7 @@ _PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
 
 def check_priority(priority: object, policy: str) -> None:
     """An int; other than 0 only under the priority policy (vLLM's rule: never ignored)."""
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise SamplingParamsError("priority", f"priority must be an int, got {type(priority).__name__} {priority!r}.")
+    check_int("priority", priority, minimum=-(2**63))
     if priority != 0 and policy != "priority":
         raise SamplingParamsError("priority", f"Got priority {priority}, but priority scheduling is not enabled; "
                                   "start the engine with scheduling_policy='priority'.")

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import httpx
 import uvicorn
 
 from folio.engine.arg_utils import EngineArgs
@@ -16,6 +17,16 @@ from folio.entrypoints.openai.cli_args import ServerConfig
 
 # Only a bound on how long a broken server may hang a test, never an expectation of speed.
 HANG_LIMIT_S = 120.0
+
+
+def api_error(response: httpx.Response, status: int) -> dict:
+    """The error of an answer in OpenAI's shape, checked: {"error": {message, type, param, code}}."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    return body["error"]
 
 
 def wait_for(condition: Callable[[], bool], what: str, limit_s: float = HANG_LIMIT_S) -> None:
