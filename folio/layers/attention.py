@@ -94,8 +94,10 @@ class Attention(nn.Module):
             scales = dict(k_scale=self.k_scale_value, v_scale=self.v_scale_value) if fp8 else {}
             if not kv_written:
                 self.backend.write_kv(k, v, self.kv_cache, attn_metadata.slot_mapping, **scales)
+            # The fresh K/V go along where the cache holds them as they are (not FP8).
+            fresh = {} if fp8 else dict(key=k, value=v)
             out = self.backend.forward(
-                q, self.kv_cache, attn_metadata, self.scale, self.sliding_window, **scales
+                q, self.kv_cache, attn_metadata, self.scale, self.sliding_window, **scales, **fresh
             )
         return out.reshape(tokens, self.num_heads * self.head_dim)
 

@@ -35,8 +35,12 @@ class AttentionBackend(ABC):
         sliding_window: int | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        key: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim]: this step's K, as stored
+        value: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim]: this step's V
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Causal attention of each new token over its sequence's cached context (itself included).
 
+        The step's K/V are in the cache already; key and value, when given (a full-precision
+        cache), hold the same new K/V, which a backend may read instead of the cache.
         Rows past metadata.num_actual_tokens are padding and may hold anything.
         """

@@ -122,8 +122,8 @@ class TorchAttentionBackend(AttentionBackend):
         write_kv_reference(key, value, kv_cache, slot_mapping, k_scale, v_scale)
 
     def forward(
-        self, query, kv_cache, metadata, scale, sliding_window=None, k_scale=1.0, v_scale=1.0
-    ) -> torch.Tensor:
+        self, query, kv_cache, metadata, scale, sliding_window=None, k_scale=1.0, v_scale=1.0, key=None, value=None
+    ) -> torch.Tensor:  # key / value unused: the cache holds them
         return paged_attention_reference(
             query, kv_cache, metadata, scale, sliding_window, k_scale, v_scale
         )

@@ -12,6 +12,10 @@
   14-19% faster on 8k chunks, sessions 17-19) where it supports the batch; FOLIO_PREFILL_KERNEL=triton
   keeps the Triton one, and a Gluon failure (a Triton whose Gluon API differs) is logged once, the
   batch is recomputed by the Triton kernel, and it keeps that kernel.
+- Before all that, a step whose one sequence is a long chunk goes to cuDNN's fused attention on
+  Hopper (cudnn_prefill.py: 0.74-0.996x the Gluon kernel's time on 2k-16k chunks, session 23);
+  FOLIO_PREFILL_CUDNN=0 keeps it on the kernels above, and a cuDNN failure is logged once and
+  the step recomputed by them.
 
 forward never synchronises with the device: launch shapes come from host ints in the metadata
 (num_seqs, max_query_len, is_decode_only) and tensor shapes. For CUDA graphs of decode steps the
@@ -30,7 +34,7 @@ import torch
 
 from folio.attention.backends.base import AttentionBackend
 from folio.attention.metadata import AttentionMetadata
-from folio.kernels import prefill_attention_hopper
+from folio.kernels import cudnn_prefill, prefill_attention_hopper
 from folio.kernels.paged_attention import unified_attention
 from folio.kernels.paged_attention import TileConfig
 from folio.kernels.paged_decode import choose_num_splits, paged_decode
@@ -73,6 +77,10 @@ class TritonAttentionBackend(AttentionBackend):
         if kernel not in ("triton", "gluon"):
             raise ValueError(f"FOLIO_PREFILL_KERNEL={kernel!r}: expected gluon (the default) or triton.")
         self.hopper_prefill = kernel == "gluon"  # long chunks on Hopper: prefill_attention_hopper.py
+        cudnn = os.environ.get("FOLIO_PREFILL_CUDNN", "1")
+        if cudnn not in ("0", "1"):
+            raise ValueError(f"FOLIO_PREFILL_CUDNN={cudnn!r}: expected 1 (the default) or 0.")
+        self.cudnn_prefill = prefill_kernel and cudnn == "1"  # one long chunk on Hopper: cudnn_prefill.py
 
     def write_kv(
         self,
@@ -94,7 +102,18 @@ class TritonAttentionBackend(AttentionBackend):
         sliding_window: int | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]; padding rows hold anything
+        if self.cudnn_prefill and cudnn_prefill.worth_it(
+                query, kv_cache, metadata, sliding_window):
+            try:
+                return cudnn_prefill.cudnn_prefill_attention(query, kv_cache, metadata.block_tables[0],
+                                                             metadata.context_len(0), scale, key, value)
+            except Exception as e:  # noqa: BLE001 - a torch or cuDNN without this op: keep serving
+                self.cudnn_prefill = False
+                logger.warning("cuDNN attention failed on a long prompt chunk (%s: %s); such chunks use folio's "
+                               "prefill kernels from now on.", type(e).__name__, e)
         out = torch.empty_like(query)
         args = (query, kv_cache, metadata.query_start_loc, metadata.seq_lens, metadata.block_tables, metadata.num_seqs)
         if metadata.is_decode_only:
