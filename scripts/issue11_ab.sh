@@ -2,10 +2,11 @@
 # Issue 11's before/after runs on one GPU, each part one A/B (new default vs the switch that
 # restores the old path), written under $OUT:
 #   bash scripts/issue11_ab.sh PART...   PART: ttft-qwen ttft-llama sampling-w1 batched-tokens-w1
-#   decode-order-qwen decode-order-llama
+#   decode-order-qwen decode-order-llama cudnn-ttft-qwen cudnn-ttft-llama
 # The switches: FOLIO_PREFILL_ATTENTION=0 (unified kernel for prefill), FOLIO_FUSED_SAMPLING=0
 # (torch race), --max-num-batched-tokens 8192 (the old default), FOLIO_DECODE_LONGEST_FIRST=0
-# (decode programs in batch order; AB_ROUNDS alternating pairs).
+# (decode programs in batch order; AB_ROUNDS alternating pairs), FOLIO_PREFILL_CUDNN=0 (long
+# chunks on folio's Gluon kernel instead of cuDNN; AB_ROUNDS alternating pairs, TTFT rows only).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 [ -d /tmp/site ] && SITE=/tmp/site:  # the wheels gpu_session.sh installs
@@ -39,6 +40,12 @@ decode-order-qwen|decode-order-llama)
   for R in $(seq 1 ${AB_ROUNDS:-2}); do
     MODEL=$M ENVS="FOLIO_DECODE_LONGEST_FIRST=1" w1 w1-$N-t$T-longest-first-$R --temperature $T
     MODEL=$M ENVS="FOLIO_DECODE_LONGEST_FIRST=0" w1 w1-$N-t$T-batch-order-$R --temperature $T
+  done ;;
+cudnn-ttft-qwen|cudnn-ttft-llama)
+  case $p in *qwen) M=$QWEN; N=qwen;; *) M=$LLAMA; N=llama;; esac
+  for R in $(seq 1 ${AB_ROUNDS:-2}); do
+    LAT_ARGS="--batch-sizes 1 --decode-steps 16 --repeat 5" lat ttft-$N-cudnn-$R $M FOLIO_PREFILL_CUDNN=1
+    LAT_ARGS="--batch-sizes 1 --decode-steps 16 --repeat 5" lat ttft-$N-gluon-$R $M FOLIO_PREFILL_CUDNN=0
   done ;;
 *) echo "unknown part $p"; exit 2 ;;
 esac; done
