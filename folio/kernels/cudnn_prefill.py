@@ -23,11 +23,12 @@ from folio.attention.metadata import AttentionMetadata
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
 # Shortest chunks where cuDNN was measured ahead (H100, session 23, one sequence, 16 and 32 query
-# heads over 8): alone 0.74x the Gluon kernel's time at 2k tokens, 0.80-0.93x at 4k-16k; on
-# context (two calls, a gather, a merge) 0.95-0.98x at 8k on 8k-24k, 0.92-0.96x at 13.6k on 16k.
-# Shorter chunks were not measured and keep folio's kernels.
-MIN_CHUNK = 2048
-MIN_CHUNK_ON_CONTEXT = 8192
+# heads over 8): alone 0.26-0.41x the Gluon kernel's time at 512-1,536 tokens (its launch costs
+# more than the work there), 0.74x at 2k, 0.80-0.94x at 4k-16k; on context (two calls, a gather,
+# a merge) 0.96-1.0x for 4k-13.6k chunks on 4k-24k, but 1.01-1.16x for 2k on 8k and (16 heads)
+# 8k on 2k. Shorter chunks were not measured and keep folio's kernels.
+MIN_CHUNK = 512
+MIN_CHUNK_ON_CONTEXT = 4096
 _DTYPES = (torch.bfloat16, torch.float16)
 _HEAD_DIMS = (64, 128)  # run on the GPU (tests/kernels/test_cudnn_prefill.py)
 

@@ -94,11 +94,11 @@ def _md(q_lens, seq_lens):
 @pytest.mark.parametrize(
     ("q_lens", "seq_lens", "tokens", "dim", "dtype", "cache", "window", "expected"),
     [
-        ([2048], [2048], 2048, 128, torch.bfloat16, torch.bfloat16, None, True),  # first chunk
-        ([2048], [2048], 2048, 64, torch.float16, torch.float16, None, True),  # head_dim 64
-        ([2047], [2047], 2047, 128, torch.bfloat16, torch.bfloat16, None, False),  # too short
-        ([8192], [20000], 8192, 128, torch.float16, torch.float16, None, True),  # long chunk on context
-        ([8191], [16384], 8191, 128, torch.bfloat16, torch.bfloat16, None, False),  # context: too short
+        ([512], [512], 512, 128, torch.bfloat16, torch.bfloat16, None, True),  # first chunk
+        ([512], [512], 512, 64, torch.float16, torch.float16, None, True),  # head_dim 64
+        ([511], [511], 511, 128, torch.bfloat16, torch.bfloat16, None, False),  # too short
+        ([4096], [20000], 4096, 128, torch.float16, torch.float16, None, True),  # long chunk on context
+        ([4095], [16384], 4095, 128, torch.bfloat16, torch.bfloat16, None, False),  # context: too short
         ([4096, 1], [4096, 9], 4097, 128, torch.bfloat16, torch.bfloat16, None, False),  # two sequences
         ([4096], [4096], 4104, 128, torch.bfloat16, torch.bfloat16, None, False),  # padding rows
         ([4096], [4096], 4096, 256, torch.bfloat16, torch.bfloat16, None, False),  # head_dim > 128
@@ -219,3 +219,41 @@ def test_backend_full_size_agrees_with_gluon(q_len, seq_len, heads):
     md = batch.metadata
     gluon = hopper_prefill_attention(batch.query, cache, md.query_start_loc, md.seq_lens, md.block_tables, 1, 0.25)
     assert (out.float() - gluon.float()).abs().max() < 2e-2
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_engine_long_prompt_first_token_agrees_with_gluon(tmp_path, monkeypatch):
+    """The engine end to end (bf16, head_dim 128): an 18,000-token prompt in two chunks of 9,000,
+    the second on context, goes through cuDNN both times; its first token's log-probs match the
+    Gluon kernel's run within bf16 noise."""
+    import random
+
+    from folio import LLM, SamplingParams
+    from tests.helpers.checkpoints import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint("qwen3", tmp_path / "m", head_dim=128, max_position_embeddings=20000)
+    rng = random.Random(0)
+    prompt = [rng.randrange(3, 1000) for _ in range(18000)]
+    calls = []
+    real = cudnn_prefill.cudnn_prefill_attention
+    monkeypatch.setattr(cudnn_prefill, "cudnn_prefill_attention", lambda *a: calls.append(a[3]) or real(*a))
+
+    def first_logprobs(switch: str) -> dict[int, float]:
+        monkeypatch.setenv("FOLIO_PREFILL_CUDNN", switch)
+        llm = LLM(model=path, device="cuda", dtype="bfloat16", max_model_len=18008, max_num_batched_tokens=9000,
+                  gpu_memory_utilization=0.3, enforce_eager=True, enable_prefix_caching=False)
+        out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1, logprobs=8, temperature=0.0),
+                           use_tqdm=False)[0].outputs[0]
+        del llm
+        torch.cuda.empty_cache()
+        return {t: lp.logprob for t, lp in out.logprobs[0].items()}
+
+    cudnn_run = first_logprobs("1")
+    layers = 2
+    assert calls == [0] * layers + [9000] * layers, calls
+    gluon_run = first_logprobs("0")
+    assert len(calls) == 2 * layers, "FOLIO_PREFILL_CUDNN=0 keeps cuDNN out"
+    common = set(cudnn_run) & set(gluon_run)
+    assert len(common) >= 6
+    assert max(abs(cudnn_run[t] - gluon_run[t]) for t in common) < 0.05

@@ -13,7 +13,7 @@
   keeps the Triton one, and a Gluon failure (a Triton whose Gluon API differs) is logged once, the
   batch is recomputed by the Triton kernel, and it keeps that kernel.
 - Before all that, a step whose one sequence is a long chunk goes to cuDNN's fused attention on
-  Hopper (cudnn_prefill.py: 0.74-0.996x the Gluon kernel's time on 2k-16k chunks, session 23);
+  Hopper (cudnn_prefill.py: 0.26-0.98x the Gluon kernel's time on 512-16k-token chunks, session 23);
   FOLIO_PREFILL_CUDNN=0 keeps it on the kernels above, and a cuDNN failure is logged once and
   the step recomputed by them.
 
