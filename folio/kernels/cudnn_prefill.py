@@ -1,6 +1,10 @@
 """One long prompt chunk through cuDNN's fused attention (torch's
-`aten._scaled_dot_product_cudnn_attention`), faster than folio's Gluon kernel on such chunks on
-an H100 (docs/perf-notes.md, session 23).
+`aten._scaled_dot_product_cudnn_attention`): opt-in (FOLIO_PREFILL_CUDNN=1). Once warm it is faster
+than folio's Gluon kernel on such chunks on an H100, but torch builds a cuDNN graph for every new
+(chunk length, context length) and keeps it: the first chunk of each new shape costs 60-150 ms,
+up to ~1-3 s, more than a whole prompt's prefill (docs/perf-notes.md, session 23). So it pays only
+where the same shapes recur (fixed-length benchmarks, fixed-size batch jobs), not in serving
+prompts of every length.
 
 - No context (a prompt's first chunk): the chunk attends to itself, causally, from its own K/V
   (the step's fresh tensors): one cuDNN call, nothing read from the cache.
@@ -9,7 +13,9 @@ an H100 (docs/perf-notes.md, session 23).
   log-sum-exps (a Triton kernel).
 
 `worth_it` says when (host ints only): a step whose one sequence is a long chunk, on a Hopper GPU
-(where it was measured), 16-bit query and cache, head_dim 64 or 128, no sliding window. TritonAttentionBackend asks it first and falls back to the Gluon kernel if cuDNN fails.
+(where it was measured), 16-bit query and cache, head_dim 64 or 128, no sliding window. TritonAttentionBackend asks it first when enabled, and falls back to folio's kernels if
+cuDNN fails. Its gathers and outputs (~1 GB for a 16k chunk on a 128k context of an 8B model) are
+not in the startup memory profile, which runs folio's kernels.
 On the CPU (tests) `attend` runs `attend_reference` and the merge runs in Triton's interpreter.
 """
 

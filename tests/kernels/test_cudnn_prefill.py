@@ -41,7 +41,8 @@ def test_merge_equals_attention_over_both_key_sets(heads, kv_heads, dim):
 
 
 def test_merge_takes_strided_outputs():
-    """cuDNN hands back [L, H, D] views of [H, L, D] tensors; the merge reads them by strides."""
+    """Outputs and log-sum-exps in any layout with head_dim contiguous (a transposed [H, L, D]
+    tensor here): the merge reads them by strides."""
     g = torch.Generator().manual_seed(1)
     o1 = torch.randn(4, 7, 16, generator=g).transpose(0, 1)  # [7, 4, 16], token stride 16
     o2 = torch.randn(7, 4, 16, generator=g)
@@ -123,7 +124,7 @@ def _backend_step(monkeypatch, backend, batch, cache):
 
 
 def test_backend_sends_one_long_chunk_to_cudnn(monkeypatch):
-    monkeypatch.delenv("FOLIO_PREFILL_CUDNN", raising=False)
+    monkeypatch.setenv("FOLIO_PREFILL_CUDNN", "1")
     batch = make_paged_batch([20], [50], 4, 2, 16, 8, dtype=torch.bfloat16, seed=5)
     cache = _stored(batch)
     calls = []
@@ -135,14 +136,15 @@ def test_backend_sends_one_long_chunk_to_cudnn(monkeypatch):
 
 
 def test_backend_switch_and_fallback(monkeypatch, caplog):
-    """FOLIO_PREFILL_CUDNN=0 keeps folio's kernels; a cuDNN failure is logged once, the step is
-    recomputed by them, and later steps skip cuDNN."""
-    monkeypatch.setenv("FOLIO_PREFILL_CUDNN", "0")
-    assert not tb.TritonAttentionBackend().cudnn_prefill
+    """cuDNN is opt-in (FOLIO_PREFILL_CUDNN=1); a cuDNN failure is logged once, the step is
+    recomputed by folio's kernels, and later steps skip cuDNN."""
+    monkeypatch.delenv("FOLIO_PREFILL_CUDNN", raising=False)
+    assert not tb.TritonAttentionBackend().cudnn_prefill, "off by default"
     monkeypatch.setenv("FOLIO_PREFILL_CUDNN", "yes")
     with pytest.raises(ValueError, match="FOLIO_PREFILL_CUDNN"):
         tb.TritonAttentionBackend()
-    monkeypatch.delenv("FOLIO_PREFILL_CUDNN")
+    monkeypatch.setenv("FOLIO_PREFILL_CUDNN", "1")
+    assert not tb.TritonAttentionBackend(prefill_kernel=False).cudnn_prefill
     calls = []
 
     def broken(*a):
@@ -160,6 +162,21 @@ def test_backend_switch_and_fallback(monkeypatch, caplog):
     assert "cuDNN attention failed on a long prompt chunk (RuntimeError" in caplog.text
     assert_close(out, TorchAttentionBackend().forward(batch.query, cache, batch.metadata, 0.25), torch.bfloat16)
     assert torch.equal(out, again)
+
+
+def test_backend_lets_out_of_memory_through(monkeypatch):
+    """Running out of memory is the engine's to handle: raised, and cuDNN stays on."""
+    monkeypatch.setenv("FOLIO_PREFILL_CUDNN", "1")
+
+    def oom(*a):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(cudnn_prefill, "cudnn_prefill_attention", oom)
+    batch = make_paged_batch([6], [11], 4, 2, 16, 8, dtype=torch.bfloat16, seed=8)
+    backend = tb.TritonAttentionBackend()
+    with pytest.raises(torch.OutOfMemoryError):
+        _backend_step(monkeypatch, backend, batch, _stored(batch))
+    assert backend.cudnn_prefill
 
 
 def test_attention_layer_hands_fresh_kv_to_the_backend_unless_fp8():

@@ -12,10 +12,11 @@
   14-19% faster on 8k chunks, sessions 17-19) where it supports the batch; FOLIO_PREFILL_KERNEL=triton
   keeps the Triton one, and a Gluon failure (a Triton whose Gluon API differs) is logged once, the
   batch is recomputed by the Triton kernel, and it keeps that kernel.
-- Before all that, a step whose one sequence is a long chunk goes to cuDNN's fused attention on
-  Hopper (cudnn_prefill.py: 0.26-0.98x the Gluon kernel's time on 512-16k-token chunks, session 23);
-  FOLIO_PREFILL_CUDNN=0 keeps it on the kernels above, and a cuDNN failure is logged once and
-  the step recomputed by them.
+- Opt-in (FOLIO_PREFILL_CUDNN=1): before all that, a step whose one sequence is a long chunk
+  goes to cuDNN's fused attention on Hopper (cudnn_prefill.py: 0.26-0.98x the Gluon kernel's time
+  once warm, but every new chunk shape first builds a cuDNN graph, 60 ms to ~1 s; session 23).
+  A cuDNN failure other than running out of memory is logged once and the step recomputed by
+  folio's kernels.
 
 forward never synchronises with the device: launch shapes come from host ints in the metadata
 (num_seqs, max_query_len, is_decode_only) and tensor shapes. For CUDA graphs of decode steps the
@@ -77,9 +78,9 @@ class TritonAttentionBackend(AttentionBackend):
         if kernel not in ("triton", "gluon"):
             raise ValueError(f"FOLIO_PREFILL_KERNEL={kernel!r}: expected gluon (the default) or triton.")
         self.hopper_prefill = kernel == "gluon"  # long chunks on Hopper: prefill_attention_hopper.py
-        cudnn = os.environ.get("FOLIO_PREFILL_CUDNN", "1")
+        cudnn = os.environ.get("FOLIO_PREFILL_CUDNN", "0")
         if cudnn not in ("0", "1"):
-            raise ValueError(f"FOLIO_PREFILL_CUDNN={cudnn!r}: expected 1 (the default) or 0.")
+            raise ValueError(f"FOLIO_PREFILL_CUDNN={cudnn!r}: expected 0 (the default) or 1.")
         self.cudnn_prefill = prefill_kernel and cudnn == "1"  # one long chunk on Hopper: cudnn_prefill.py
 
     def write_kv(
@@ -110,6 +111,8 @@ class TritonAttentionBackend(AttentionBackend):
             try:
                 return cudnn_prefill.cudnn_prefill_attention(query, kv_cache, metadata.block_tables[0],
                                                              metadata.context_len(0), scale, key, value)
+            except torch.OutOfMemoryError:
+                raise  # the engine's own handling; not a reason to give up cuDNN
             except Exception as e:  # noqa: BLE001 - a torch or cuDNN without this op: keep serving
                 self.cudnn_prefill = False
                 logger.warning("cuDNN attention failed on a long prompt chunk (%s: %s); such chunks use folio's "
