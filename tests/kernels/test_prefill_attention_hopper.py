@@ -37,6 +37,28 @@ def test_cpu_batches_are_refused_by_name():
 
 
 @pytest.mark.skipif(not hopper.HAS_GLUON, reason="needs Triton's Gluon")
+def test_kv_descriptors_are_made_once_per_cache_and_do_not_keep_it_alive():
+    """The TMA descriptors (host objects) stay on the cache tensor: reused while its storage, shape
+    and box are the same, remade otherwise; they address the K and V halves; and they hold no
+    reference to the tensor, which is freed as soon as the engine drops it."""
+    import weakref
+
+    cache = torch.randn(2, 5, 16, 2, 64, dtype=torch.bfloat16)
+    _, kv_smem, _ = hopper._layouts(64, torch.bfloat16)
+    first = hopper._kv_descriptors(cache, 16, kv_smem)
+    assert hopper._kv_descriptors(cache, 16, kv_smem) is first
+    assert hopper._kv_descriptors(cache, 8, kv_smem) is not first, "another box, other descriptors"
+    for half, desc in enumerate(hopper._kv_descriptors(cache, 16, kv_smem)):
+        assert desc.block_shape == [16, 64] and desc.shape == [80, 128]
+        assert torch.equal(desc.base.view(5, 16, 2, 64), cache[half])
+    other = torch.randn(2, 5, 16, 2, 64, dtype=torch.bfloat16)
+    assert hopper._kv_descriptors(other, 16, kv_smem)[0].base.data_ptr() == other.data_ptr()
+    alive = weakref.ref(cache)
+    del cache, first
+    assert alive() is None
+
+
+@pytest.mark.skipif(not hopper.HAS_GLUON, reason="needs Triton's Gluon")
 @pytest.mark.parametrize(("head_dim", "block_size"), [(96, 16), (128, 8), (128, 48)])
 def test_launch_refuses_layouts_it_has_no_boxes_for_before_compiling(head_dim, block_size):
     batch = make_paged_batch([300], [300], 16, 8, head_dim, block_size, dtype=torch.bfloat16)
