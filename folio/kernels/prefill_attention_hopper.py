@@ -382,6 +382,8 @@ def _kv_descriptors(kv_cache: torch.Tensor, box: int, kv_smem) -> tuple:  # noqa
     box changes. They point at the storage through aliases that are not views, so they hold no
     reference to the tensor object and go when it goes (no cycle for the collector to find)."""
     _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    if not kv_cache.is_contiguous():  # the aliases assume it (the old views checked it)
+        raise ValueError("hopper_prefill_attention: the KV cache must be contiguous.")
     key = (kv_cache.data_ptr(), tuple(kv_cache.shape), tuple(kv_cache.stride()), kv_cache.dtype, box)
     cached = getattr(kv_cache, "_folio_tma_descriptors", None)
     if cached is not None and cached[0] == key:

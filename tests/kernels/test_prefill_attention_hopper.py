@@ -51,8 +51,11 @@ def test_kv_descriptors_are_made_once_per_cache_and_do_not_keep_it_alive():
     for half, desc in enumerate(hopper._kv_descriptors(cache, 16, kv_smem)):
         assert desc.block_shape == [16, 64] and desc.shape == [80, 128]
         assert torch.equal(desc.base.view(5, 16, 2, 64), cache[half])
-    other = torch.randn(2, 5, 16, 2, 64, dtype=torch.bfloat16)
-    assert hopper._kv_descriptors(other, 16, kv_smem)[0].base.data_ptr() == other.data_ptr()
+    layers = torch.randn(3, 2, 5, 16, 2, 64, dtype=torch.bfloat16).unbind(0)  # the engine's layout: offsets
+    for half, desc in enumerate(hopper._kv_descriptors(layers[2], 16, kv_smem)):
+        assert torch.equal(desc.base.view(5, 16, 2, 64), layers[2][half])
+    with pytest.raises(ValueError, match="contiguous"):
+        hopper._kv_descriptors(cache.transpose(3, 4), 16, kv_smem)
     alive = weakref.ref(cache)
     del cache, first
     assert alive() is None
