@@ -13,10 +13,11 @@ prompts of every length.
   log-sum-exps (a Triton kernel).
 
 `worth_it` says when (host ints only): a step whose one sequence is a long chunk, on a Hopper GPU
-(where it was measured), 16-bit query and cache, head_dim 64 or 128, no sliding window. TritonAttentionBackend asks it first when enabled, and falls back to folio's kernels if
-cuDNN fails. Its gathers and outputs (~1 GB for a 16k chunk on a 128k context of an 8B model) are
-not in the startup memory profile, which runs folio's kernels.
-On the CPU (tests) `attend` runs `attend_reference` and the merge runs in Triton's interpreter.
+(where it was measured), 16-bit query and cache, head_dim 64 or 128, no sliding window.
+TritonAttentionBackend asks it first when enabled, and falls back to folio's kernels if cuDNN
+fails. Its gathers and outputs (~1 GB for a 16k chunk on a 128k context of an 8B model) are not
+in the startup memory profile, which runs folio's kernels. On the CPU (tests) `attend` runs
+`attend_reference` and the merge runs in Triton's interpreter.
 """
 
 from __future__ import annotations
