@@ -13,6 +13,8 @@ the host, not the GPU, sets the pace. A graph replays them all with one launch.
 - Each bucket is run once eagerly before its capture, so Triton compiles (and cuBLAS picks its
   kernels) outside the capture. Graphs share one memory pool, captured largest first.
 - Only the forward pass is captured; the LM head and sampling run eagerly after it.
+- Small steps with prompt tokens (a short prompt alone, or among decodes) replay these graphs
+  too, laid out as one decode sequence per token (worker/per_token_steps.py).
 - LoRA: the layers read the manager's persistent token -> slot buffers. Each bucket has two
   graphs: one captured with the LoRA kernels launched (for steps where some request has an
   adapter; slots without tokens find their group empty) and one without them (for steps where

@@ -33,6 +33,7 @@ from folio.worker import block_ops
 from folio.worker import kv_cache as kvc
 from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, decode_graph_sizes
 from folio.worker.pending_output import PendingOutput
+from folio.worker.per_token_steps import takes_per_token_step
 from folio.worker.sampled_ids import DeviceSampledIds
 from folio.worker.staged_step import StagedStep
 from folio.worker.step_inputs import StepInputBuilder
@@ -219,7 +220,7 @@ class ModelRunner(StepSampling):
                 step_broadcast.send_moves_only(scheduler_output, self.device)
             self.last_sampled.record(None, [], [])
             return StagedStep(scheduled, None, None, pending)
-        per_token_seqs = self._is_small_verify_step(scheduler_output)
+        per_token_seqs = self._is_small_verify_step(scheduler_output) or self._is_small_graph_step(scheduler_output)
         bucket = self._graph_bucket(scheduler_output, per_token_seqs)
         inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket, per_token_seqs=per_token_seqs)
         base_only = self.lora is None or not self.lora.prepare_step(scheduled, inputs.input_ids.shape[0]).any_adapter
@@ -282,6 +283,15 @@ class ModelRunner(StepSampling):
         if scheduler_output.total_num_scheduled_tokens != num_seqs:
             return None
         return self.graphs.bucket_for(num_seqs)
+
+    def _is_small_graph_step(self, scheduler_output: SchedulerOutput) -> bool:
+        """A small step with prompt tokens that a decode CUDA graph can replay as per-token
+        sequences (worker/per_token_steps.py); never with a speculator (its verify steps have
+        their own rule) or without graphs (eager per-token attention would only cost reads)."""
+        if self.graphs is None or self.speculator is not None:
+            return False
+        largest = max(self.graphs.graphs, default=0)
+        return takes_per_token_step(scheduler_output, largest)
 
     def _is_small_verify_step(self, scheduler_output: SchedulerOutput) -> bool:
         """A speculative step of decodes and verifies only (no prompt tokens), with drafts and
