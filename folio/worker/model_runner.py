@@ -33,7 +33,7 @@ from folio.worker import block_ops
 from folio.worker import kv_cache as kvc
 from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, decode_graph_sizes
 from folio.worker.pending_output import PendingOutput
-from folio.worker.per_token_steps import takes_per_token_step
+from folio.worker.per_token_steps import read_budget, takes_per_token_step
 from folio.worker.sampled_ids import DeviceSampledIds
 from folio.worker.staged_step import StagedStep
 from folio.worker.step_inputs import StepInputBuilder
@@ -67,6 +67,9 @@ class ModelRunner(StepSampling):
             dtype=torch.float8_e4m3fn if config.cache.fp8 else self.dtype,
             extra_bytes_per_block=self.speculator.proposer.kv_bytes_per_block if self.speculator else 0,
         )
+        # Token reads a layer a small prompt step may add to replay a decode graph (per_token_steps.py).
+        kv_itemsize = torch.empty((), dtype=self.kv_spec.dtype).element_size()
+        self.per_token_budget = read_budget(2 * self.kv_spec.num_kv_heads * self.kv_spec.head_dim * kv_itemsize)
         if config.cache.fp8:
             self._log_fp8_kv_scales()
         self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, dim]
@@ -290,8 +293,7 @@ class ModelRunner(StepSampling):
         their own rule) or without graphs (eager per-token attention would only cost reads)."""
         if self.graphs is None or self.speculator is not None:
             return False
-        largest = max(self.graphs.graphs, default=0)
-        return takes_per_token_step(scheduler_output, largest)
+        return takes_per_token_step(scheduler_output, max(self.graphs.graphs, default=0), self.per_token_budget)
 
     def _is_small_verify_step(self, scheduler_output: SchedulerOutput) -> bool:
         """A speculative step of decodes and verifies only (no prompt tokens), with drafts and

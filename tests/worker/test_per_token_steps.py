@@ -13,7 +13,7 @@ from folio.attention.backends.torch_ref import TorchAttentionBackend
 from folio.attention.backends.triton_backend import TritonAttentionBackend
 from folio.core.scheduler_output import SchedulerOutput
 from folio.worker import per_token_steps
-from folio.worker.per_token_steps import takes_per_token_step
+from folio.worker.per_token_steps import read_budget, takes_per_token_step
 from folio.worker.step_inputs import StepInputBuilder
 from tests.worker.test_step_inputs import BLOCK, _Seq
 
@@ -51,6 +51,16 @@ def test_the_switch(monkeypatch):
     assert not takes_per_token_step(_step([(0, 16)]), 256)
 
 
+def test_the_budget_shrinks_for_models_that_cache_more_a_token():
+    """Measured with 4 KiB of K/V a token and layer; a model with 4x that gets a quarter of the
+    reads (never more than measured for smaller K/V)."""
+    assert read_budget(4096) == read_budget(1024) == 32768
+    assert read_budget(16384) == 8192
+    prompt = _step([(0, 200)])  # 200 * 100 = 20,000 reads
+    assert takes_per_token_step(prompt, 256, read_budget(4096))
+    assert not takes_per_token_step(prompt, 256, read_budget(16384))
+
+
 def test_a_prompt_step_as_per_token_sequences_attends_as_the_plain_step():
     """A prompt chunk on a cached prefix, a fresh prompt and a decode: built per token and padded
     to a graph size, the decode kernel's attention equals the reference over the plain build, and
@@ -78,9 +88,10 @@ def test_a_prompt_step_as_per_token_sequences_attends_as_the_plain_step():
 
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_engine_tokens_and_logprobs_do_not_change(tmp_path, monkeypatch, prefix_caching):
-    """Greedy tokens and prompt log-probs in float32 with small prompt steps laid out per token
-    (forced here on the CPU, where there are no graphs) equal the plain layout's: short prompts
-    alone and together, and a prompt whose prefix is cached."""
+    """Greedy tokens and their log-probs (and, without prefix caching, prompt log-probs, which
+    bypass the cache) in float32 with small prompt steps laid out per token (forced here on the
+    CPU, where there are no graphs) equal the plain layout's: short prompts alone and together,
+    and with prefix caching a prompt whose first blocks are cached (a chunk on context)."""
     from folio import LLM, SamplingParams
     from folio.worker.model_runner import ModelRunner
     from tests.helpers.checkpoints import make_tiny_checkpoint
@@ -89,22 +100,34 @@ def test_engine_tokens_and_logprobs_do_not_change(tmp_path, monkeypatch, prefix_
     rng = random.Random(1)
     shared = [rng.randrange(3, 1000) for _ in range(40)]
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in (5, 33, 70)] + [shared + [7, 8, 9]]
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, prompt_logprobs=2)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=3,
+                            prompt_logprobs=None if prefix_caching else 2)
 
     def run(per_token: bool) -> list:
         taken = []
-        rule = (lambda self, so: taken.append(1) or takes_per_token_step(so, 256)) if per_token else (lambda self, so: False)
+
+        def rule(self, so):
+            took = per_token and takes_per_token_step(so, 256)
+            taken.append((took, max(s.num_computed_tokens for s in so.scheduled if s.num_new_tokens > 1)
+                          if took else None))
+            return took
+
         monkeypatch.setattr(ModelRunner, "_is_small_graph_step", rule)
         llm = LLM(model=str(path), dtype="float32", enable_prefix_caching=prefix_caching, seed=0)
         first = llm.generate([{"prompt_token_ids": shared + [1, 2]}], params, use_tqdm=False)  # fills the cache
         outs = first + llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         if per_token:
-            assert taken, "the rule was asked"
-        return [(o.outputs[0].token_ids, [sorted(d.items()) if d else d for d in o.prompt_logprobs]) for o in outs]
+            contexts = [c for took, c in taken if took]
+            assert contexts, "some prompt step was laid out per token"
+            assert max(contexts) > 0 if prefix_caching else max(contexts) == 0
+        return [(o.outputs[0].token_ids, [sorted(d.items()) if d else d
+                                          for d in [*(o.prompt_logprobs or []), *o.outputs[0].logprobs]])
+                for o in outs]
 
     per_token, plain = run(True), run(False)
     for (tokens_a, lp_a), (tokens_b, lp_b) in zip(per_token, plain):
         assert list(tokens_a) == list(tokens_b)
+        assert len(lp_a) == len(lp_b)
         for a, b in zip(lp_a, lp_b):
             if a is None or b is None:
                 assert a == b
