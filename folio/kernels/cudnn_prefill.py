@@ -26,6 +26,7 @@ import functools
 
 import torch
 
+from folio.attention.backends.torch_ref import gather_context
 from folio.attention.metadata import AttentionMetadata
 from folio.kernels.triton_compat import check_same_device, next_power_of_2, tl, triton
 
@@ -91,13 +92,12 @@ def cudnn_prefill_attention(
     return merge_by_lse(out_ctx, lse_ctx, out_self, lse_self)
 
 
-def gather_tokens(kv_cache: torch.Tensor, block_table: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens [lo, hi) of one sequence out of the paged cache: K and V, [hi - lo, kv_heads, head_dim]."""
-    block_size = kv_cache.shape[2]
-    first, last = lo // block_size, -(-hi // block_size)
-    blocks = kv_cache.index_select(1, block_table[first:last].long())  # [2, n, block_size, heads, dim]
-    tokens = blocks.reshape(2, -1, *kv_cache.shape[3:])[:, lo - first * block_size: hi - first * block_size]
-    return tokens[0], tokens[1]
+def gather_tokens(kv_cache: torch.Tensor, block_table: torch.Tensor, lo: int, hi: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens [lo, hi) of one sequence out of the paged cache: K and V, [hi - lo, kv_heads, head_dim]
+    (the reference backend's gather; a 16-bit cache comes back as it is)."""
+    key, value = gather_context(kv_cache, block_table, hi)
+    return key[lo:], value[lo:]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float

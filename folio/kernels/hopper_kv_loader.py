@@ -1,13 +1,17 @@
 """The loader warpgroup of the Gluon prefill (prefill_attention_hopper.py): a sequence's K and V
 tiles from the paged cache into shared-memory rings by TMA, one [BOX, HEAD_DIM] box per run of
-keys in one block, each ring stage filled once both consumers have handed it back."""
+keys in one block, each ring stage filled once both consumers have handed it back; and, on the
+host, the TMA descriptors it reads the cache through (`kv_descriptors`, made once per cache)."""
 
 from __future__ import annotations
+
+import torch
 
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     HAS_GLUON = True
 except ImportError:  # a CPU install without Triton, or a Triton without Gluon
@@ -68,4 +72,29 @@ if HAS_GLUON:
                 _tma_tile(v_desc, ids, t, kv_col, v_ready.index(vs), v_bufs.index(vs), BLOCK_SIZE, TILE_N, BOX)
 
 
-__all__ = ["kv_loader"]
+def kv_descriptors(kv_cache: torch.Tensor, box: int, kv_smem) -> tuple:  # noqa: ANN001
+    """The TMA descriptors of the K and V caches ([num_blocks * block_size, kv_heads * dim] each),
+    kept on the cache tensor itself (the layer's long-lived cache), remade if its storage, shape or
+    box changes. They point at the storage through aliases that are not views, so they hold no
+    reference to the tensor object and go when it goes (no cycle for the collector to find)."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    if not kv_cache.is_contiguous():  # the aliases assume it (the old views checked it)
+        raise ValueError("hopper_prefill_attention: the KV cache must be contiguous.")
+    key = (kv_cache.data_ptr(), tuple(kv_cache.shape), tuple(kv_cache.stride()), kv_cache.dtype, box)
+    cached = getattr(kv_cache, "_folio_tma_descriptors", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    rows, cols = num_blocks * block_size, num_kv_heads * head_dim
+    descs = tuple(TensorDescriptor(alias_storage(kv_cache, half * kv_cache.stride(0), rows, cols), [rows, cols],
+                                   [cols, 1], [box, head_dim], kv_smem) for half in (0, 1))
+    kv_cache._folio_tma_descriptors = (key, descs)
+    return descs
+
+
+def alias_storage(t: torch.Tensor, offset: int, rows: int, cols: int) -> torch.Tensor:
+    """A [rows, cols] tensor over t's storage from element `offset` on (t contiguous), not a view of t."""
+    alias = torch.empty(0, dtype=t.dtype, device=t.device)
+    return alias.set_(t.untyped_storage(), t.storage_offset() + offset, (rows, cols), (cols, 1))
+
+
+__all__ = ["kv_descriptors", "kv_loader"]

@@ -44,9 +44,8 @@ try:
         warpgroup_mma_init,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from folio.kernels.hopper_kv_loader import kv_loader
+    from folio.kernels.hopper_kv_loader import kv_descriptors, kv_loader
 
     HAS_GLUON = True
 except ImportError:  # a CPU install without Triton, or a Triton without Gluon
@@ -353,7 +352,7 @@ def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, 
     group = num_heads // num_kv_heads
     block_q = BLOCK_M // group
     q_smem, kv_smem, p_smem = _layouts(head_dim, query.dtype)
-    k_desc, v_desc = _kv_descriptors(kv_cache, box, kv_smem)
+    k_desc, v_desc = kv_descriptors(kv_cache, box, kv_smem)
     num_q_blocks = num_tokens // block_q + num_seqs
     _hopper_prefill_kernel[(num_q_blocks, num_kv_heads)](
         out, query, k_desc, v_desc, block_tables, seq_lens, query_start_loc, num_seqs, num_q_blocks, min_query_len,
@@ -366,7 +365,8 @@ def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, 
 
 # Host work of a launch (session 23, H100): the three layouts ~30 us and the two TMA descriptors
 # ~50 us of a ~125 us launch, every layer of every step; a short chunk's prefill is bound by it.
-# Both depend only on the shapes and on the (per-layer, long-lived) cache tensor, so they are made once.
+# Both depend only on the shapes and on the (per-layer, long-lived) cache tensor, so they are made
+# once (the descriptors: hopper_kv_loader.kv_descriptors).
 @functools.lru_cache(maxsize=None)
 def _layouts(head_dim: int, dtype: torch.dtype) -> tuple:
     """The shared-memory layouts of q, of the K/V tiles and of P."""
@@ -374,31 +374,6 @@ def _layouts(head_dim: int, dtype: torch.dtype) -> tuple:
     return (gl.NVMMASharedLayout.get_default_for([64, head_dim], gl_dtype),
             gl.NVMMASharedLayout.get_default_for([TILE_N, head_dim], gl_dtype),
             gl.NVMMASharedLayout.get_default_for([64, TILE_N], gl_dtype))
-
-
-def _kv_descriptors(kv_cache: torch.Tensor, box: int, kv_smem) -> tuple:  # noqa: ANN001
-    """The TMA descriptors of the K and V caches ([num_blocks * block_size, kv_heads * dim] each),
-    kept on the cache tensor itself (the layer's long-lived cache), remade if its storage, shape or
-    box changes. They point at the storage through aliases that are not views, so they hold no
-    reference to the tensor object and go when it goes (no cycle for the collector to find)."""
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    if not kv_cache.is_contiguous():  # the aliases assume it (the old views checked it)
-        raise ValueError("hopper_prefill_attention: the KV cache must be contiguous.")
-    key = (kv_cache.data_ptr(), tuple(kv_cache.shape), tuple(kv_cache.stride()), kv_cache.dtype, box)
-    cached = getattr(kv_cache, "_folio_tma_descriptors", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    rows, cols = num_blocks * block_size, num_kv_heads * head_dim
-    descs = tuple(TensorDescriptor(_alias(kv_cache, half * kv_cache.stride(0), rows, cols), [rows, cols], [cols, 1],
-                                   [box, head_dim], kv_smem) for half in (0, 1))
-    kv_cache._folio_tma_descriptors = (key, descs)
-    return descs
-
-
-def _alias(t: torch.Tensor, offset: int, rows: int, cols: int) -> torch.Tensor:
-    """A [rows, cols] tensor over t's storage from element `offset` on (t contiguous), not a view of t."""
-    alias = torch.empty(0, dtype=t.dtype, device=t.device)
-    return alias.set_(t.untyped_storage(), t.storage_offset() + offset, (rows, cols), (cols, 1))
 
 
 __all__ = ["hopper_prefill_attention", "supports", "HAS_GLUON"]

@@ -27,11 +27,14 @@ class KVCacheSpec:
     extra_bytes_per_block: int = 0
 
     @property
+    def bytes_per_token_layer(self) -> int:
+        """K and V of one token in one layer."""
+        return 2 * self.num_kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    @property
     def bytes_per_block(self) -> int:
         """K and V of block_size tokens over all layers (plus the extra bytes)."""
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        own = 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * itemsize
-        return own + self.extra_bytes_per_block
+        return self.num_layers * self.block_size * self.bytes_per_token_layer + self.extra_bytes_per_block
 
 
 def useful_block_cap(config: EngineConfig) -> int:

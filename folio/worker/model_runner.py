@@ -68,8 +68,7 @@ class ModelRunner(StepSampling):
             extra_bytes_per_block=self.speculator.proposer.kv_bytes_per_block if self.speculator else 0,
         )
         # Token reads a layer a small prompt step may add to replay a decode graph (per_token_steps.py).
-        kv_itemsize = torch.empty((), dtype=self.kv_spec.dtype).element_size()
-        self.per_token_budget = read_budget(2 * self.kv_spec.num_kv_heads * self.kv_spec.head_dim * kv_itemsize)
+        self.per_token_budget = read_budget(self.kv_spec.bytes_per_token_layer)
         if config.cache.fp8:
             self._log_fp8_kv_scales()
         self.kv_cache: torch.Tensor | None = None  # [layers, 2, blocks, block_size, kv_heads, dim]

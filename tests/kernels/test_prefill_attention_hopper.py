@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from folio.attention.backends.torch_ref import paged_attention_reference
+from folio.kernels import hopper_kv_loader as kv_loader
 from folio.kernels import prefill_attention_hopper as hopper
 from tests.kernels.paged_batch import assert_close, assert_long_rows_only, make_paged_batch
 
@@ -45,17 +46,17 @@ def test_kv_descriptors_are_made_once_per_cache_and_do_not_keep_it_alive():
 
     cache = torch.randn(2, 5, 16, 2, 64, dtype=torch.bfloat16)
     _, kv_smem, _ = hopper._layouts(64, torch.bfloat16)
-    first = hopper._kv_descriptors(cache, 16, kv_smem)
-    assert hopper._kv_descriptors(cache, 16, kv_smem) is first
-    assert hopper._kv_descriptors(cache, 8, kv_smem) is not first, "another box, other descriptors"
-    for half, desc in enumerate(hopper._kv_descriptors(cache, 16, kv_smem)):
+    first = kv_loader.kv_descriptors(cache, 16, kv_smem)
+    assert kv_loader.kv_descriptors(cache, 16, kv_smem) is first
+    assert kv_loader.kv_descriptors(cache, 8, kv_smem) is not first, "another box, other descriptors"
+    for half, desc in enumerate(kv_loader.kv_descriptors(cache, 16, kv_smem)):
         assert desc.block_shape == [16, 64] and desc.shape == [80, 128]
         assert torch.equal(desc.base.view(5, 16, 2, 64), cache[half])
     layers = torch.randn(3, 2, 5, 16, 2, 64, dtype=torch.bfloat16).unbind(0)  # the engine's layout: offsets
-    for half, desc in enumerate(hopper._kv_descriptors(layers[2], 16, kv_smem)):
+    for half, desc in enumerate(kv_loader.kv_descriptors(layers[2], 16, kv_smem)):
         assert torch.equal(desc.base.view(5, 16, 2, 64), layers[2][half])
     with pytest.raises(ValueError, match="contiguous"):
-        hopper._kv_descriptors(cache.transpose(3, 4), 16, kv_smem)
+        kv_loader.kv_descriptors(cache.transpose(3, 4), 16, kv_smem)
     alive = weakref.ref(cache)
     del cache, first
     assert alive() is None
