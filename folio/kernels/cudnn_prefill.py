@@ -48,8 +48,9 @@ def _is_hopper(index: int) -> bool:
 
 def worth_it(query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
              sliding_window: int | None) -> bool:
-    """Whether this step's attention goes through cuDNN: a Hopper GPU and `takes`."""
-    if not query.is_cuda:
+    """Whether this step's attention goes through cuDNN: a Hopper GPU and `takes`, never inside a
+    CUDA graph's capture (the path reads the context length on the host; a replay would not)."""
+    if not query.is_cuda or torch.cuda.is_current_stream_capturing():
         return False
     index = query.device.index if query.device.index is not None else torch.cuda.current_device()
     return _is_hopper(index) and takes(metadata, query.shape[0], query.shape[2], query.dtype, kv_cache.dtype,

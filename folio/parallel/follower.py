@@ -42,7 +42,9 @@ class Follower:
         if plan.input_ids.numel() == 0:
             return
         input_ids, positions, metadata = self._load_inputs(plan)
-        if plan.bucket is not None and runner.graphs is not None:
+        if plan.chunk is not None and runner.graphs is not None:
+            hidden = runner.graphs.replay_chunk(plan.chunk)  # [chunk, hidden]
+        elif plan.bucket is not None and runner.graphs is not None:
             hidden = runner.graphs.replay(plan.bucket)  # [bucket, hidden]
         else:
             hidden = runner.model(input_ids, positions, metadata)  # [padded_tokens, hidden]

@@ -19,6 +19,10 @@ the host, not the GPU, sets the pace. A graph replays them all with one launch.
   graphs: one captured with the LoRA kernels launched (for steps where some request has an
   adapter; slots without tokens find their group empty) and one without them (for steps where
   none has: W1 on Llama-3.1-8B lost 5% to those empty launches), sharing the pool.
+- Chunk graphs (worker/chunk_graphs.py): one request's prompt chunk alone, captured at token
+  counts of 16 up to a cap (StepInputBuilder.chunk_capture_inputs), replayed for any chunk of at
+  most that many tokens (build(pad_tokens_to=...)). Captured first, in the same pool; with LoRA
+  only without the LoRA kernels (steps where an adapter is active run eagerly).
 - Off with enforce_eager, and whenever the attention backend is not Triton (the torch reference
   loops over host lists, which a graph would freeze).
 """
@@ -83,12 +87,17 @@ def decode_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[i
 
 class CudaGraphRunner:
     def __init__(
-        self, model: CausalLM, builder: StepInputBuilder, batch_sizes: list[int], lora: LoRAManager | None = None
+        self, model: CausalLM, builder: StepInputBuilder, batch_sizes: list[int], lora: LoRAManager | None = None,
+        chunk_sizes: list[int] | None = None,
     ) -> None:
         self.model = model
         self.lora = lora  # LoRA layers read its mapping buffers; captured with the kernels on
         self.builder = builder
         self.batch_sizes = sorted(batch_sizes)
+        self.chunk_sizes = sorted(chunk_sizes or [])
+        self.chunk_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # tokens -> one prompt chunk's graph
+        self.chunk_outputs: dict[int, torch.Tensor] = {}
+        self._pool: tuple[int, int] | None = None  # the graphs' shared memory pool, from the first capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # bucket -> [bucket, hidden], in the pool
         # With LoRA: the same without the LoRA kernels, for steps where no request has an adapter.
@@ -102,45 +111,60 @@ class CudaGraphRunner:
             return None
         return self.batch_sizes[i]
 
+    def chunk_bucket_for(self, num_tokens: int) -> int | None:
+        """The smallest chunk graph that holds a num_tokens chunk, or None (run eagerly)."""
+        i = bisect.bisect_left(self.chunk_sizes, num_tokens)
+        if i == len(self.chunk_sizes) or self.chunk_sizes[i] not in self.chunk_graphs:
+            return None
+        return self.chunk_sizes[i]
+
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, reserve: int = GRAPH_MEMORY_RESERVE) -> None:
+        """Capture the chunk graphs, then the decode graphs, each set largest first (the rest reuse
+        the pool); reserve: the memory the KV sizing left for them (a warning past it)."""
         start = time.perf_counter()
         torch.cuda.synchronize()
         free_before, _ = torch.cuda.mem_get_info()
-        pool = None
-        sizes = sorted(self.batch_sizes, reverse=True)  # the largest first: the rest reuse its pool
-        for size in tqdm(sizes, desc="Capturing CUDA graphs", dynamic_ncols=True):
+        self._pool = None
+        jobs = [(True, s) for s in reversed(self.chunk_sizes)] + [(False, s) for s in reversed(self.batch_sizes)]
+        for chunk, size in tqdm(jobs, desc="Capturing CUDA graphs", dynamic_ncols=True):
+            if chunk:
+                self.chunk_graphs[size], self.chunk_outputs[size] = self._capture_one(
+                    self.builder.chunk_capture_inputs(size), size, with_lora=False)
+                continue
             inputs = self.builder.build(SchedulerOutput([], 0), {}, pad_to=size)
-            args = (inputs.input_ids, inputs.positions, inputs.attn_metadata)
             for with_lora in (True, False) if self.lora is not None else (True,):
-                if self.lora is not None:
-                    self.lora.prepare_capture(size, with_kernels=with_lora)
-                self.model(*args)  # compile and autotune outside the capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with capturing(graph, pool):
-                    output = self.model(*args)
-                pool = graph.pool() if pool is None else pool
                 graphs, outputs = (self.graphs, self.outputs) if with_lora else (self.base_graphs, self.base_outputs)
-                graphs[size], outputs[size] = graph, output
+                graphs[size], outputs[size] = self._capture_one(inputs, size, with_lora)
         torch.cuda.synchronize()
         free_after, _ = torch.cuda.mem_get_info()
         used = free_before - free_after
-        logger.info(
-            "Captured %d CUDA graphs for decode batch sizes %d..%d in %.1f s, using %.2f GiB",
-            len(self.graphs) + len(self.base_graphs),
-            sizes[-1],
-            sizes[0],
-            time.perf_counter() - start,
-            used / 2**30,
-        )
-        if used > GRAPH_MEMORY_RESERVE:
+        chunks = (f" and {len(self.chunk_graphs)} for prompt chunks of {self.chunk_sizes[0]}..{self.chunk_sizes[-1]}"
+                  " tokens" if self.chunk_sizes else "")
+        logger.info("Captured %d CUDA graphs for decode batch sizes %d..%d%s in %.1f s, using %.2f GiB",
+                    len(self.graphs) + len(self.base_graphs), self.batch_sizes[0], self.batch_sizes[-1], chunks,
+                    time.perf_counter() - start, used / 2**30)
+        if used > reserve:
             logger.warning(
                 "CUDA graphs took %.2f GiB, more than the %.2f GiB the KV sizing left for them; "
                 "lower gpu_memory_utilization if memory runs out.",
                 used / 2**30,
-                GRAPH_MEMORY_RESERVE / 2**30,
+                reserve / 2**30,
             )
+
+    def _capture_one(self, inputs, size: int, with_lora: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:  # noqa: ANN001
+        """One graph of the model's forward on these inputs, after an eager run (compiles, cuBLAS's
+        choices) outside the capture; with_lora: the LoRA kernels launched (LoRA only)."""
+        args = (inputs.input_ids, inputs.positions, inputs.attn_metadata)
+        if self.lora is not None:
+            self.lora.prepare_capture(size, with_kernels=with_lora)
+        self.model(*args)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with capturing(graph, self._pool):
+            output = self.model(*args)
+        self._pool = graph.pool() if self._pool is None else self._pool
+        return graph, output
 
     def replay(self, bucket: int, base_only: bool = False) -> torch.Tensor:
         """Run the captured forward on what build(pad_to=bucket) just wrote: [bucket, hidden].
@@ -150,3 +174,8 @@ class CudaGraphRunner:
             return self.base_outputs[bucket]
         self.graphs[bucket].replay()
         return self.outputs[bucket]
+
+    def replay_chunk(self, size: int) -> torch.Tensor:
+        """Run the chunk graph on what build(pad_tokens_to=size) just wrote: [size, hidden]."""
+        self.chunk_graphs[size].replay()
+        return self.chunk_outputs[size]

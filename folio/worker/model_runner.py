@@ -22,7 +22,7 @@ from folio.attention import get_attention_backend
 from folio.config import EngineConfig
 from folio.core.outputs import ModelRunnerOutput
 from folio.core.scheduler_output import SchedulerOutput
-from folio.kernels import argmax
+from folio.kernels import argmax, cudnn_prefill
 from folio.logger import init_logger
 from folio.lora.manager import LoRAManager
 from folio.models.loader import load_model
@@ -31,6 +31,7 @@ from folio.worker import step_broadcast
 from folio.sample.sampler import Sampler
 from folio.worker import block_ops
 from folio.worker import kv_cache as kvc
+from folio.worker.chunk_graphs import chunk_graph_cap, chunk_graph_sizes, takes_chunk_graph
 from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, decode_graph_sizes
 from folio.worker.pending_output import PendingOutput
 from folio.worker.per_token_steps import read_budget, takes_per_token_step
@@ -79,6 +80,8 @@ class ModelRunner(StepSampling):
             sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_model_len, self.block_size, self.device
         )
         self.graphs: CudaGraphRunner | None = None  # captured once the KV cache exists
+        self.chunk_cap = self._chunk_graph_cap()  # one-request prompt chunks up to this replay graphs
+        self.graph_reserve = GRAPH_MEMORY_RESERVE  # memory the KV sizing leaves the graphs (profiled on a GPU)
         # Per-request state that must outlive preemption: seeded generators, prompt-logprob progress.
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs_done: dict[str, int] = {}
@@ -130,8 +133,8 @@ class ModelRunner(StepSampling):
             self.speculator.initialize_kv_cache(num_blocks, self.swap_pool.num_blocks)
         if self.uses_cuda_graphs():
             sizes = decode_graph_sizes(self.config.scheduler.max_num_seqs, self.config.scheduler.max_num_batched_tokens)
-            self.graphs = CudaGraphRunner(self.model, self.inputs, sizes, self.lora)
-            self.graphs.capture()
+            self.graphs = CudaGraphRunner(self.model, self.inputs, sizes, self.lora, chunk_graph_sizes(self.chunk_cap))
+            self.graphs.capture(self.graph_reserve)
             if self.speculator is not None:
                 self.speculator.capture_graphs(self.inputs, sizes)
             # batch-1 greedy's kernels, for the logits the sampler gets (the LM head's dtype)
@@ -146,10 +149,22 @@ class ModelRunner(StepSampling):
             and self.attn_backend.name == "triton"
         )
 
+    def _chunk_graph_cap(self) -> int:
+        """The largest prompt chunk that replays a chunk graph (worker/chunk_graphs.py); 0 without
+        CUDA graphs, and with a speculator (its steps keep their own rules)."""
+        if not self.uses_cuda_graphs() or self.speculator is not None:
+            return 0
+        sched = self.config.scheduler  # a chunk never holds more than either
+        cap = chunk_graph_cap(self.config.model, min(sched.max_num_batched_tokens, sched.max_model_len), get_tp_size())
+        if getattr(self.attn_backend, "cudnn_prefill", False):  # opt-in cuDNN takes chunks from MIN_CHUNK
+            cap = min(cap, cudnn_prefill.MIN_CHUNK - 1)  # up, reading the context length on the host
+        return cap
+
     def _profile_gpu_blocks(self) -> int:
         """Run the largest step the scheduler can issue, then give the rest of the budget to KV."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        weights = torch.cuda.memory_allocated()
         self.profile_run()
         torch.cuda.synchronize()
         peak_torch = torch.cuda.max_memory_allocated()
@@ -157,7 +172,12 @@ class ModelRunner(StepSampling):
         non_torch = (total - free) - torch.cuda.memory_reserved()
         budget = total * self.config.cache.gpu_memory_utilization - peak_torch - max(non_torch, 0)
         if self.uses_cuda_graphs():
-            budget -= GRAPH_MEMORY_RESERVE
+            # The chunk graphs' pool holds the activations of the largest chunk: the profiled
+            # step's, scaled by its share of the step's tokens.
+            activations = max(peak_torch - weights, 0)
+            self.graph_reserve = GRAPH_MEMORY_RESERVE + activations * self.chunk_cap // max(
+                self.config.scheduler.max_num_batched_tokens, 1)
+            budget -= self.graph_reserve
         torch.cuda.empty_cache()
         logger.info(
             "Memory profile: peak %.2f GiB by torch, %.2f GiB outside torch, KV budget %.2f GiB",
@@ -224,16 +244,22 @@ class ModelRunner(StepSampling):
             return StagedStep(scheduled, None, None, pending)
         per_token_seqs = self._is_small_verify_step(scheduler_output) or self._is_small_graph_step(scheduler_output)
         bucket = self._graph_bucket(scheduler_output, per_token_seqs)
-        inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket, per_token_seqs=per_token_seqs)
+        chunk = self._chunk_bucket(scheduler_output) if bucket is None and not per_token_seqs else None
+        inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket,
+                                   per_token_seqs=per_token_seqs, pad_tokens_to=chunk)
         base_only = self.lora is None or not self.lora.prepare_step(scheduled, inputs.input_ids.shape[0]).any_adapter
+        if not base_only:
+            chunk = None  # chunk graphs have no LoRA kernels: this padded step runs eagerly
         if inputs.placeholder_rows:
             request_ids = [scheduled[i].request_id for i in inputs.placeholder_batch_indices]
             self.last_sampled.fill(inputs.input_ids, inputs.placeholder_rows, request_ids)
         if inputs.pending_drafts and self.speculator is not None:
             self.speculator.fill_drafts(inputs)
         if self.leads_followers:
-            step_broadcast.send_step_plan(inputs, bucket, scheduler_output, self.block_size, self.device)
-        if bucket is not None and self.graphs is not None:
+            step_broadcast.send_step_plan(inputs, bucket, scheduler_output, self.block_size, self.device, chunk)
+        if chunk is not None and self.graphs is not None:
+            hidden = self.graphs.replay_chunk(chunk)  # [chunk, hidden]
+        elif bucket is not None and self.graphs is not None:
             hidden = self.graphs.replay(bucket, base_only)  # [bucket, hidden]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attn_metadata)
@@ -285,6 +311,12 @@ class ModelRunner(StepSampling):
         if scheduler_output.total_num_scheduled_tokens != num_seqs:
             return None
         return self.graphs.bucket_for(num_seqs)
+
+    def _chunk_bucket(self, scheduler_output: SchedulerOutput) -> int | None:
+        """The chunk graph to replay for a step of one request's prompt chunk (chunk_graphs.py)."""
+        if self.graphs is None or not self.graphs.chunk_graphs or not takes_chunk_graph(scheduler_output):
+            return None
+        return self.graphs.chunk_bucket_for(scheduler_output.total_num_scheduled_tokens)
 
     def _is_small_graph_step(self, scheduler_output: SchedulerOutput) -> bool:
         """A small step with prompt tokens that a decode CUDA graph can replay as per-token

@@ -12,16 +12,18 @@ from folio.worker.step_inputs import StepInputs
 
 
 def send_step_plan(
-    inputs: StepInputs, bucket: int | None, scheduler_output: SchedulerOutput, block_size: int, device: torch.device
+    inputs: StepInputs, bucket: int | None, scheduler_output: SchedulerOutput, block_size: int, device: torch.device,
+    chunk: int | None = None,
 ) -> None:
-    """Broadcast this step to the followers: its inputs and every LM-head call to come."""
+    """Broadcast this step to the followers: its inputs, the graph rank 0 replays (a decode
+    bucket, or a chunk graph's tokens) and every LM-head call to come."""
     md = inputs.attn_metadata
     width = step_plan.table_width(md.max_seq_len, block_size)
     step_plan.send_step(
         device,
         (inputs.input_ids, inputs.positions, md.slot_mapping, md.query_start_loc, md.seq_lens,
          md.block_tables[:, :width]),
-        (inputs.num_tokens, md.num_seqs, md.max_query_len, md.max_seq_len, md.is_decode_only, bucket),
+        (inputs.num_tokens, md.num_seqs, md.max_query_len, md.max_seq_len, md.is_decode_only, bucket, chunk),
         logit_sets(inputs, device),
         block_moves(scheduler_output),
     )
@@ -41,7 +43,7 @@ def send_moves_only(scheduler_output: SchedulerOutput, device: torch.device) -> 
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     qsl = torch.zeros(1, dtype=torch.int64, device=device)
     step_plan.send_step(
-        device, (empty, empty, empty, qsl, empty, empty.view(0, 0)), (0, 0, 0, 0, False, None), [],
+        device, (empty, empty, empty, qsl, empty, empty.view(0, 0)), (0, 0, 0, 0, False, None, None), [],
         block_moves(scheduler_output),
     )
 

@@ -9,6 +9,8 @@ lengths and the block table are computed with whole-batch numpy operations.
 Padding (pad_to > num_seqs, for a captured graph's batch size): padded tokens have input id 0,
 position 0 and slot -1 (nothing written to the cache); padded sequences have query length 0 and
 seq_len 0, so attention skips them. Their rows of the output are garbage and never read.
+A chunk graph's step (pad_tokens_to) pads tokens only: they belong to no sequence, so the
+attention's programs for them find no query rows and exit.
 
 Per-token sequences (per_token_seqs=True, speculative verify steps): every token of the step
 becomes a sequence of its own in the attention metadata, with one query token at its position,
@@ -122,9 +124,11 @@ class StepInputBuilder:
         prompt_logprobs_done: dict[str, int],
         pad_to: int | None = None,
         per_token_seqs: bool = False,
+        pad_tokens_to: int | None = None,
     ) -> StepInputs:
         """Flatten the scheduled requests into one batch, padded to pad_to sequences (decode
-        steps, or any step with per_token_seqs: one token per sequence).
+        steps, or any step with per_token_seqs: one token per sequence), or to pad_tokens_to
+        tokens with no sequence added (a chunk graph's step: the padded tokens belong to none).
 
         prompt_logprobs_done maps request id -> index of the next prompt token still to be
         scored (a request preempted and recomputed does not score the same prompt tokens twice).
@@ -141,7 +145,7 @@ class StepInputBuilder:
         if attn_seqs > self.max_num_seqs:
             raise ValueError(f"A per-token-sequence step of {num_tokens} tokens exceeds {self.max_num_seqs} sequences.")
         padded_seqs = max(pad_to or attn_seqs, attn_seqs)
-        padded_tokens = num_tokens + (padded_seqs - attn_seqs)
+        padded_tokens = max(num_tokens + (padded_seqs - attn_seqs), pad_tokens_to or 0)
         if padded_tokens > self.max_num_tokens or padded_seqs > self.max_num_seqs:
             raise ValueError(f"Padding to {padded_seqs} sequences exceeds the runner's buffers "
                              f"({self.max_num_tokens} tokens / {self.max_num_seqs} sequences).")
@@ -182,21 +186,8 @@ class StepInputBuilder:
         if decode_only:
             h["decode_order"][:padded_seqs] = longest_first(h["seq_lens"][:padded_seqs])
         self._copy_to_device(padded_tokens, padded_seqs, step_table, decode_only)
-        d = self.buffers.device
-        metadata = AttentionMetadata(
-            num_actual_tokens=num_tokens,
-            num_seqs=padded_seqs,
-            max_query_len=int(attn_counts.max()) if num_seqs else 0,
-            max_seq_len=int(seq_lens.max()) if num_seqs else 0,
-            query_start_loc=d["query_start_loc"][: padded_seqs + 1],
-            seq_lens=d["seq_lens"][:padded_seqs],
-            block_tables=self.device_block_tables[:padded_seqs],
-            slot_mapping=d["slot_mapping"][:padded_tokens],
-            query_start_loc_cpu=qsl[: padded_seqs + 1].tolist(),
-            seq_lens_cpu=h["seq_lens"][:padded_seqs].tolist(),
-            is_decode_only=decode_only,
-            decode_order=d["decode_order"][:padded_seqs] if decode_only else None,
-        )
+        metadata = self._metadata(num_tokens, padded_tokens, padded_seqs, int(attn_counts.max()) if num_seqs else 0,
+                                  int(seq_lens.max()) if num_seqs else 0, decode_only)
         d = self.buffers.device
         return StepInputs(
             input_ids=d["input_ids"][:padded_tokens],
@@ -211,6 +202,52 @@ class StepInputBuilder:
             placeholder_rows=placeholders[0],
             placeholder_batch_indices=placeholders[1],
             pending_drafts=self._pending_drafts,
+        )
+
+    def chunk_capture_inputs(self, num_tokens: int) -> StepInputs:
+        """What a chunk graph is captured with (worker/chunk_graphs.py): one sequence of
+        num_tokens new tokens and no context, so the backends pick the kernels a prompt chunk of
+        that many tokens gets; it writes nothing (slots -1) and reads block 0. A replay's
+        build(pad_tokens_to=num_tokens) rewrites the same buffers with the real chunk."""
+        width = -(-num_tokens // self.block_size)
+        if num_tokens > self.max_num_tokens or width > self.device_block_tables.shape[1]:
+            raise ValueError(f"A chunk graph of {num_tokens} tokens exceeds the runner's {self.max_num_tokens} tokens "
+                             f"or its {self.device_block_tables.shape[1]} blocks a sequence.")
+        if self._copied is not None:
+            self._copied.synchronize()
+        h = self.buffers.np
+        h["input_ids"][:num_tokens] = 0
+        h["positions"][:num_tokens] = np.arange(num_tokens)
+        h["slot_mapping"][:num_tokens] = -1
+        h["query_start_loc"][:2] = (0, num_tokens)
+        h["seq_lens"][0] = num_tokens
+        h["block_tables"][:width] = 0
+        self._copy_to_device(num_tokens, 1, np.zeros((1, width), np.int32), False)
+        d = self.buffers.device
+        return StepInputs(
+            input_ids=d["input_ids"][:num_tokens], positions=d["positions"][:num_tokens],
+            attn_metadata=self._metadata(num_tokens, num_tokens, 1, num_tokens, num_tokens, False),
+            logits_indices=None, sampling_batch_indices=[], prompt_logprobs_plans=[], num_tokens=num_tokens,
+            verify_batch_indices=[], verify_rows=[], placeholder_rows=[], placeholder_batch_indices=[],
+        )
+
+    def _metadata(self, num_tokens: int, padded_tokens: int, padded_seqs: int, max_query_len: int, max_seq_len: int,
+                  decode_only: bool) -> AttentionMetadata:
+        """The attention's view of the device buffers this step's build just filled."""
+        h, d = self.buffers.np, self.buffers.device
+        return AttentionMetadata(
+            num_actual_tokens=num_tokens,
+            num_seqs=padded_seqs,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            query_start_loc=d["query_start_loc"][: padded_seqs + 1],
+            seq_lens=d["seq_lens"][:padded_seqs],
+            block_tables=self.device_block_tables[:padded_seqs],
+            slot_mapping=d["slot_mapping"][:padded_tokens],
+            query_start_loc_cpu=h["query_start_loc"][: padded_seqs + 1].tolist(),
+            seq_lens_cpu=h["seq_lens"][:padded_seqs].tolist(),
+            is_decode_only=decode_only,
+            decode_order=d["decode_order"][:padded_seqs] if decode_only else None,
         )
 
     def _fill_token_ids(

@@ -31,3 +31,27 @@ def hf_greedy_with_logprobs(path: str, prompts: list[list[int]], max_new: int) -
 def hf_greedy(path: str, prompts: list[list[int]], max_new: int) -> list[list[int]]:
     """Per prompt, alone: its max_new greedy tokens (EOS off)."""
     return [tokens for tokens, _ in hf_greedy_with_logprobs(path, prompts, max_new)]
+
+
+def tokens_and_logprobs(outputs: list) -> list[tuple]:
+    """Each RequestOutput's first completion as (token ids, its prompt log-probs then its sampled
+    log-probs, each position's entries sorted by token id)."""
+    return [(list(o.outputs[0].token_ids), [sorted(d.items()) if d else d
+                                            for d in [*(o.prompt_logprobs or []), *(o.outputs[0].logprobs or [])]])
+            for o in outputs]
+
+
+def assert_same_tokens_and_logprobs(got: list[tuple], want: list[tuple], atol: float = 1e-4) -> None:
+    """tokens_and_logprobs of two runs: the same tokens, the same top tokens a position, their
+    log-probs within atol."""
+    assert len(got) == len(want)
+    for (tokens_a, lp_a), (tokens_b, lp_b) in zip(got, want):
+        assert tokens_a == tokens_b
+        assert len(lp_a) == len(lp_b)
+        for a, b in zip(lp_a, lp_b):
+            if a is None or b is None:
+                assert a == b
+                continue
+            assert [t for t, _ in a] == [t for t, _ in b]
+            for (_, x), (_, y) in zip(a, b):
+                assert abs(x.logprob - y.logprob) < atol

@@ -223,10 +223,11 @@ def test_cudnn_matches_reference(dtype, q_len, seq_len, heads, dim):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize(("q_len", "seq_len", "heads"), [(4096, 4096, 16), (13616, 30000, 32), (8192, 16384, 16)])
-def test_backend_full_size_agrees_with_gluon(q_len, seq_len, heads):
+def test_backend_full_size_agrees_with_gluon(q_len, seq_len, heads, monkeypatch):
     """The shapes of the time-to-first-token rows: cuDNN's output against the Gluon kernel's."""
     from folio.kernels.prefill_attention_hopper import hopper_prefill_attention
 
+    monkeypatch.setenv("FOLIO_PREFILL_CUDNN", "1")  # opt-in since session 23
     batch = make_paged_batch([q_len], [seq_len], heads, 8, 128, 16, dtype=torch.bfloat16, device="cuda", seed=9)
     cache = _stored(batch)
     backend = tb.TritonAttentionBackend()

@@ -141,3 +141,28 @@ def test_a_raising_logits_processor_fails_the_call_and_the_engine_goes_on(llama_
     for request_id in list(llm.llm_engine.output_processor.requests):
         llm.llm_engine.abort_request(request_id)
     assert [ids for ids, _, _ in _run(llm)] == [ids for ids, _, _ in reference]
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_padded_prompt_chunks_reach_the_follower_as_rank_0_runs_them(llama_tp, monkeypatch) -> None:
+    # A chunk graph's step is padded past its tokens and names the graph in the plan; the
+    # follower must run the same padded step (here eagerly: the CPU has no graphs), or the
+    # all-reduces would pair different shapes.
+    from folio.worker.chunk_graphs import takes_chunk_graph
+    from folio.worker.model_runner import ModelRunner
+
+    reference, llm = llama_tp
+    taken = []
+
+    def bucket(self, so):
+        if not takes_chunk_graph(so):
+            return None
+        taken.append(so.total_num_scheduled_tokens)
+        return so.total_num_scheduled_tokens + 13
+
+    monkeypatch.setattr(ModelRunner, "_chunk_bucket", bucket)
+    params = SamplingParams(temperature=0, max_tokens=6)
+    for prompt, (ids, _, _) in zip(PROMPTS, reference):
+        assert llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids == ids
+    # One padded chunk a prompt (the long one's blocks may be cached by earlier tests: its rest).
+    assert len(taken) == len(PROMPTS) and all(t <= len(p["prompt_token_ids"]) for t, p in zip(taken, PROMPTS))

@@ -83,6 +83,59 @@ def test_cuda_graphs_give_the_eager_tokens(checkpoint):
     assert _greedy(checkpoint, prompts, fast=True, dtype="bfloat16") == eager
 
 
+def test_float32_chunk_graphs_give_the_torch_path_tokens(checkpoint, monkeypatch):
+    """Prompts of 17-200 tokens alone (more than the per-token graphs' 16 here) replay chunk
+    graphs, padded, and give the torch reference path's greedy tokens."""
+    from folio.worker.cuda_graphs import CudaGraphRunner
+
+    replays = []
+    replay = CudaGraphRunner.replay_chunk
+    monkeypatch.setattr(CudaGraphRunner, "replay_chunk", lambda self, size: (replays.append(size), replay(self, size))[1])
+    prompts = _prompts(3)[3:]
+    reference = _greedy(checkpoint, prompts, fast=False, batched=False)
+    assert _greedy(checkpoint, prompts, fast=True, batched=False) == reference
+    assert sorted(replays) == [32, 64, 128, 256, 256], replays
+
+
+def test_chunk_graphs_equal_the_eager_step_on_the_gluon_kernel(tmp_path):
+    """A bf16 model with head_dim 128 (the Gluon prefill on Hopper): a 700-token prompt chunk and
+    the next 300 tokens on its cached 700 replay the 768- and 512-token chunk graphs; their hidden
+    states equal the eager steps' within bf16 rounding (cuBLAS may tile the padded GEMMs
+    differently), the padded rows stay out of the cache."""
+    path = make_tiny_checkpoint("qwen3", tmp_path / "q", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=128, max_position_embeddings=4096)
+    args = EngineArgs(model=path, dtype="bfloat16", device="cuda", num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=16)
+    runner = ModelRunner(args.create_engine_config())
+    runner.initialize_kv_cache(NUM_BLOCKS)
+    assert runner.graphs is not None and 768 in runner.graphs.chunk_graphs
+    rng = random.Random(4)
+    prompt = [rng.randrange(3, 1000) for _ in range(1000)]
+    blocks = list(range(100, 100 + 1000 // 16 + 1))
+    replays = []
+    replay = runner.graphs.replay_chunk
+    runner.graphs.replay_chunk = lambda size: (replays.append(size), replay(size))[1]
+    hidden = {}
+    for graphs in (False, True):
+        request = Request(f"r{graphs}", prompt, SamplingParams(max_tokens=1))
+        if not graphs:
+            runner._chunk_bucket = lambda so: None
+        else:
+            del runner._chunk_bucket
+        states = []
+        for start, n in ((0, 700), (700, 300)):
+            step = SchedulerOutput([ScheduledRequest(request, start, n, blocks, start + n == len(prompt))], n)
+            with torch.inference_mode():
+                states.append(runner.launch_forward(step).hidden[:n].float().clone())
+        hidden[graphs] = torch.cat(states)
+        assert torch.isfinite(hidden[graphs]).all()
+    assert replays == [768, 512]
+    error = float((hidden[True] - hidden[False]).abs().max() / hidden[False].abs().max())
+    assert error < 2e-2, error
+    spare = torch.ones(NUM_BLOCKS, dtype=torch.bool)
+    spare[blocks] = False
+    assert not runner.kv_cache[:, :, spare.to(runner.kv_cache.device)].any()  # the zeroed cache, unwritten
+
+
 def _prefill_logits(path: str, dtype: str, fast: bool) -> torch.Tensor:
     """Logits of every prompt position after one batched prefill step: [tokens, vocab] float32."""
     previous = set_triton_kernels(fast)

@@ -95,6 +95,7 @@ def test_engine_tokens_and_logprobs_do_not_change(tmp_path, monkeypatch, prefix_
     from folio import LLM, SamplingParams
     from folio.worker.model_runner import ModelRunner
     from tests.helpers.checkpoints import make_tiny_checkpoint
+    from tests.helpers.reference import assert_same_tokens_and_logprobs, tokens_and_logprobs
 
     path = make_tiny_checkpoint("qwen3", tmp_path / "m")
     rng = random.Random(1)
@@ -120,18 +121,7 @@ def test_engine_tokens_and_logprobs_do_not_change(tmp_path, monkeypatch, prefix_
             contexts = [c for took, c in taken if took]
             assert contexts, "some prompt step was laid out per token"
             assert max(contexts) > 0 if prefix_caching else max(contexts) == 0
-        return [(o.outputs[0].token_ids, [sorted(d.items()) if d else d
-                                          for d in [*(o.prompt_logprobs or []), *o.outputs[0].logprobs]])
-                for o in outs]
+        return tokens_and_logprobs(outs)
 
     per_token, plain = run(True), run(False)
-    for (tokens_a, lp_a), (tokens_b, lp_b) in zip(per_token, plain):
-        assert list(tokens_a) == list(tokens_b)
-        assert len(lp_a) == len(lp_b)
-        for a, b in zip(lp_a, lp_b):
-            if a is None or b is None:
-                assert a == b
-                continue
-            assert [t for t, _ in a] == [t for t, _ in b]
-            for (_, x), (_, y) in zip(a, b):
-                assert abs(x.logprob - y.logprob) < 1e-4
+    assert_same_tokens_and_logprobs(per_token, plain)
