@@ -10,11 +10,13 @@ one sequence of `size` new tokens (StepInputBuilder.chunk_capture_inputs): every
 then depends only on `size` (the attention's q blocks past the chunk's end exit), so the graph
 replays any one-request chunk of at most `size` tokens on any context.
 
-Sizes: 16, 32, ..., 256, then every 256 tokens up to a cap. Padding costs GPU work, launches
-saved cost host time, so the cap is where the GPU work of the padded chunk would stop hiding
-behind the host: an eager layer launches in ~HOST_SECONDS_PER_LAYER, and the linear layers of a
-token take 2 x (their weights per rank) FLOPs at ~ASSUMED_FLOPS. The 0.6B gets chunk graphs up
-to MAX_TOKENS (4,096), the 8B up to 512; FOLIO_CHUNK_GRAPH_TOKENS sets the cap (0: none).
+Sizes: 16, 32, ..., 256, then every 256 tokens up to a cap, and the cap itself. Padding costs
+GPU work, launches saved cost host time, so the cap is where the GPU work of the padded chunk
+would stop hiding behind the host: an eager layer launches in ~HOST_SECONDS_PER_LAYER, and the
+linear layers of a token take 2 x (their weights per rank) FLOPs at ~ASSUMED_FLOPS; rounded down
+to the grid, and never past the longest chunk the engine can schedule (max_num_batched_tokens,
+max_model_len). The 0.6B gets chunk graphs up to MAX_TOKENS (4,096), the 8B up to 1,024;
+FOLIO_CHUNK_GRAPH_TOKENS sets the cap (0: none).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from folio.config.model import ModelConfig
 from folio.core.scheduler_output import SchedulerOutput
 
 MAX_TOKENS = 4096  # the 0.6B's 4k prompt is ~10 ms of GPU work, near its ~15 ms of launches
-HOST_SECONDS_PER_LAYER = 0.5e-3  # eager launches of one decoder layer (session 23, H100 host: ~15 ms / 28)
+# Eager launches of one decoder layer: ~0.54 ms on one H100 host, ~1.2 ms on another (session 24:
+# the 0.6B's eager 2k-token prompt 18.8 vs 33.9 ms to first token); between the two.
+HOST_SECONDS_PER_LAYER = 0.75e-3
 ASSUMED_FLOPS = 600e12  # bf16 GEMMs of 512-8k rows on an H100 (the 8B's 8k prefill: ~745 TFLOP/s)
 SMALL_SIZES = (16, 32, 64, 128, 256)
 STEP = 256
@@ -60,15 +64,18 @@ def chunk_graph_cap(model: ModelConfig, max_chunk: int, tp_size: int = 1) -> int
         return min(env, max_chunk)
     host = HOST_SECONDS_PER_LAYER * model.num_layers
     flops_per_token = 2 * linear_params_per_token(model, tp_size)
-    return min(MAX_TOKENS, max_chunk, int(host * ASSUMED_FLOPS / max(flops_per_token, 1)))
+    hidden = min(MAX_TOKENS, int(host * ASSUMED_FLOPS / max(flops_per_token, 1)))
+    on_grid = max([s for s in (*SMALL_SIZES, *range(2 * STEP, hidden + 1, STEP)) if s <= hidden], default=0)
+    return min(on_grid, max_chunk)
 
 
 def chunk_graph_sizes(cap: int) -> list[int]:
-    """[16, 32, 64, 128, 256, 512, 768, ...] up to cap (the sizes above it are left out, so a chunk
-    of up to cap tokens may run eagerly when cap is not a size)."""
-    sizes = [s for s in SMALL_SIZES if s <= cap]
-    sizes.extend(range(2 * STEP, cap + 1, STEP))
-    return sizes
+    """[16, 32, 64, 128, 256, 512, 768, ...] below cap, then cap (every chunk up to it has one)."""
+    if cap < 2:
+        return []
+    sizes = [s for s in SMALL_SIZES if s < cap]
+    sizes.extend(range(2 * STEP, cap, STEP))
+    return sizes + [cap]
 
 
 def takes_chunk_graph(scheduler_output: SchedulerOutput) -> bool:

@@ -32,3 +32,27 @@ def test_tp2_on_two_gpus_matches_tp1(kind: str, tmp_path) -> None:
         torch.cuda.empty_cache()
     assert got[2] == got[1]
     assert not multiprocessing.active_children()
+
+
+def test_tp2_prompts_alone_replay_chunk_graphs_on_both_ranks(tmp_path, monkeypatch) -> None:
+    """Each prompt alone is one request's chunk: rank 0 replays a chunk graph and names it in the
+    plan, the follower replays its own; greedy tokens equal tp=1's."""
+    from folio import LLM, SamplingParams
+    from folio.worker.cuda_graphs import CudaGraphRunner
+
+    replays = []
+    replay = CudaGraphRunner.replay_chunk
+    monkeypatch.setattr(CudaGraphRunner, "replay_chunk", lambda self, size: (replays.append(size), replay(self, size))[1])
+    path = make_tiny_checkpoint("llama", tmp_path / "llama", **CHECKPOINTS["llama"])
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    got = {}
+    for tp in (1, 2):
+        llm = LLM(model=path, dtype="float32", tensor_parallel_size=tp, max_model_len=256, max_num_seqs=4,
+                  enable_prefix_caching=False)
+        got[tp] = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+        llm.llm_engine.shutdown()
+        del llm
+        torch.cuda.empty_cache()
+    assert got[2] == got[1]
+    assert sorted(replays) == [16, 16, 64, 64], replays  # 5 and 57 tokens, at tp=1 and on rank 0 of tp=2
+    assert not multiprocessing.active_children()

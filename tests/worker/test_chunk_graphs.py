@@ -36,17 +36,20 @@ def test_linear_weights_of_the_real_shapes():
 
 
 def test_the_cap_follows_the_work_per_token(monkeypatch):
-    """The 0.6B's launches hide more of its GPU work than the 8B's: 4,096 (the most) vs 687
-    tokens; two ranks halve the work a token, so the 8B's cap doubles; the step's token budget
-    and FOLIO_CHUNK_GRAPH_TOKENS bound it."""
+    """The 0.6B's launches hide more of its GPU work than the 8B's: 4,096 (the most) vs 1,031
+    tokens, on the grid 1,024; two ranks halve the work a token, so the 8B's cap doubles; the
+    longest schedulable chunk and FOLIO_CHUNK_GRAPH_TOKENS bound it, and it is always a size."""
     monkeypatch.delenv("FOLIO_CHUNK_GRAPH_TOKENS", raising=False)
     assert chunk_graph_cap(QWEN3_06B, 16384) == 4096
-    assert chunk_graph_cap(QWEN3_06B, 1000) == 1000
-    assert chunk_graph_cap(LLAMA_8B, 16384) == 687
-    assert chunk_graph_cap(LLAMA_8B, 16384, tp_size=2) == 1375
-    assert chunk_graph_sizes(687) == [16, 32, 64, 128, 256, 512]
+    assert chunk_graph_cap(QWEN3_06B, 4001) == 4001  # max_model_len 4001: its longest prompt too
+    assert chunk_graph_cap(LLAMA_8B, 16384) == 1024
+    assert chunk_graph_cap(LLAMA_8B, 16384, tp_size=2) == 2048
+    assert chunk_graph_cap(LLAMA_8B, 700) == 700
+    assert chunk_graph_sizes(1024) == [16, 32, 64, 128, 256, 512, 768, 1024]
     assert chunk_graph_sizes(4096)[-3:] == [3584, 3840, 4096] and len(chunk_graph_sizes(4096)) == 20
-    assert chunk_graph_sizes(100) == [16, 32, 64]
+    assert chunk_graph_sizes(4001)[-3:] == [3584, 3840, 4001]
+    assert chunk_graph_sizes(100) == [16, 32, 64, 100] and chunk_graph_sizes(16) == [16]
+    assert chunk_graph_sizes(1) == chunk_graph_sizes(0) == []
     monkeypatch.setenv("FOLIO_CHUNK_GRAPH_TOKENS", "0")
     assert chunk_graph_sizes(chunk_graph_cap(QWEN3_06B, 16384)) == []
     monkeypatch.setenv("FOLIO_CHUNK_GRAPH_TOKENS", "1024")
