@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's checks and measurements, in parts that each fit a 10-minute device call.
-#   bash scripts/gpu_session.sh PART...   (PART: warm-machine (first, on a fresh machine) tests w1 llama serve serve-sync serve-process ingest prefix
+#   bash scripts/gpu_session.sh PART...   (PART: warm-machine (first, on a fresh machine) tests w1 llama serve serve-sync serve-process serve-rate ingest prefix
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
@@ -53,6 +53,17 @@ serve|serve-sync|serve-process) part $p
   done
   python3 -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/metrics').text)" | grep -E "^folio:engine_step"
   kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; grep -E "ready in|ERROR|Traceback" "$OUT/$p.log" | head -5 ;;
+serve-rate) part serve-rate  # requests arriving at a rate: new prompts join running decodes (chunk graphs, session 24)
+  PORT=18124  # SERVE_CHUNK_GRAPHS=0: those steps run eagerly (FOLIO_CHUNK_GRAPH_TOKENS=0)
+  FOLIO_CHUNK_GRAPH_DECODES=${SERVE_CHUNK_GRAPH_DECODES:-1} FOLIO_CHUNK_GRAPH_TOKENS=${SERVE_CHUNK_GRAPHS:-4096} \
+    timeout 200 python3 -m folio serve --model $QWEN $COMMON \
+    --served-model-name qwen3-0.6b --port $PORT > "$OUT/$p.log" 2>&1 &
+  SERVER_PID=$!
+  timeout 190 python3 -m folio bench serve --base-url http://127.0.0.1:$PORT --model qwen3-0.6b --workload random \
+    --input-len ${SERVE_INPUT:-1000} --output-len ${SERVE_OUTPUT:-200} --num-prompts ${SERVE_PROMPTS:-300} \
+    --request-rate ${SERVE_RATE:-20} --ready-timeout 120 --warmup-requests 1 --no-progress \
+    --json "$OUT/$p-graphs${SERVE_CHUNK_GRAPHS:-4096}.json" 2>&1 | grep -E "duration|Output token|TTFT|ITL|Failed"
+  kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; grep -E "Captured|ERROR|Traceback" "$OUT/$p.log" | cut -c1-200 | head -5 ;;
 ingest) part ingest  # issue 11: W1's ramp on this host's CPU: the bench client alone, then the serve stack
   for C in asyncio httpx; do for M in null paused; do echo "client $C, $M:"
     timeout 100 python3 scripts/ingest_bench.py --mode $M --runs 7 --http-client $C --json "$OUT/ingest-$M-$C.json" 2>&1 | tail -1

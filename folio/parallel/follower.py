@@ -42,8 +42,8 @@ class Follower:
         if plan.input_ids.numel() == 0:
             return
         input_ids, positions, metadata = self._load_inputs(plan)
-        if plan.chunk is not None and runner.graphs is not None:
-            hidden = runner.graphs.replay_chunk(plan.chunk)  # [chunk, hidden]
+        if plan.chunk is not None and runner.graphs is not None and plan.chunk in runner.graphs.chunk_graphs:
+            hidden = runner.graphs.replay_chunk(plan.chunk)  # [chunk tokens + decode slots, hidden]
         elif plan.bucket is not None and runner.graphs is not None:
             hidden = runner.graphs.replay(plan.bucket)  # [bucket, hidden]
         else:

@@ -6,7 +6,7 @@ own: two torch.distributed broadcasts, on the device under NCCL so async schedul
 
   header: kind, num_tokens, padded_tokens, padded_seqs, table_width, max_query_len,
           max_seq_len, is_decode_only, bucket (-1: eager), num_logit_sets, num_copies,
-          num_swap_outs, num_swap_ins, body_len, chunk (-1: no chunk graph), 0
+          num_swap_outs, num_swap_ins, body_len, chunk tokens (-1: no chunk graph), chunk decode slots
   body:   input_ids[padded_tokens] positions[padded_tokens] slot_mapping[padded_tokens]
           query_start_loc[padded_seqs + 1] seq_lens[padded_seqs] block_tables[padded_seqs * width]
           logit_set_sizes[num_logit_sets] logit_rows[sum of sizes]
@@ -55,7 +55,7 @@ class StepPlan:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
-    chunk: int | None = None  # the chunk graph rank 0 replays (worker/chunk_graphs.py), by its tokens
+    chunk: tuple[int, int] | None = None  # the chunk graph rank 0 replays (worker/chunk_graphs.py), by its key
 
 
 def send_stop(device: torch.device) -> None:
@@ -66,7 +66,7 @@ def send_stop(device: torch.device) -> None:
 def send_step(
     device: torch.device,
     tensors: Sequence[torch.Tensor],  # input_ids, positions, slot_mapping, qsl, seq_lens, block_tables (device)
-    sizes: Sequence[int | None],  # num_tokens, padded_seqs, max_query_len, max_seq_len, is_decode_only, bucket, chunk
+    sizes: Sequence,  # num_tokens, padded_seqs, max_query_len, max_seq_len, is_decode_only, bucket, chunk key
     logit_sets: Sequence[torch.Tensor],  # each [n] int64 on the device
     moves: tuple[Pairs, Pairs, Pairs],  # copies, swap-outs, swap-ins
 ) -> None:
@@ -84,7 +84,7 @@ def send_step(
     header = [
         STEP, num_tokens, input_ids.shape[0], padded_seqs, width, max_query_len, max_seq_len,
         int(decode_only), -1 if bucket is None else bucket, len(logit_sets),
-        *(len(pairs) for pairs in moves), body.shape[0], -1 if chunk is None else chunk, 0,
+        *(len(pairs) for pairs in moves), body.shape[0], *((-1, 0) if chunk is None else chunk),
     ]
     broadcast(_to(torch.tensor(header, dtype=torch.int64), device))
     broadcast(body)
@@ -94,7 +94,7 @@ def receive(device: torch.device) -> StepPlan | None:
     """Followers: the next step's plan, or None when rank 0 stops."""
     header = broadcast(torch.empty(HEADER_LEN, dtype=torch.int64, device=device)).tolist()
     kind, num_tokens, padded_tokens, padded_seqs, width, max_q, max_s, decode_only, bucket = header[:9]
-    num_sets, n_copy, n_out, n_in, body_len, chunk = header[9:15]
+    num_sets, n_copy, n_out, n_in, body_len, chunk_tokens, chunk_decodes = header[9:16]
     if kind == STOP:
         return None
     body = broadcast(torch.empty(body_len, dtype=torch.int64, device=device))  # [body_len]
@@ -125,7 +125,7 @@ def receive(device: torch.device) -> StepPlan | None:
         blocks_to_copy=[tuple(p) for p in pairs[:n_copy]],
         blocks_to_swap_out=[tuple(p) for p in pairs[n_copy : n_copy + n_out]],
         blocks_to_swap_in=[tuple(p) for p in pairs[n_copy + n_out : n_copy + n_out + n_in]],
-        chunk=None if chunk < 0 else chunk,
+        chunk=None if chunk_tokens < 0 else (chunk_tokens, chunk_decodes),
     )
 
 

@@ -1,5 +1,5 @@
-"""Which steps replay a chunk graph: one request's prompt chunk alone, padded up to a captured
-token count, instead of launching the forward kernel by kernel.
+"""Which steps replay a chunk graph: one request's prompt chunk, alone or beside decodes, padded
+up to a captured shape, instead of launching the forward kernel by kernel.
 
 A prompt step runs eagerly: ~250 Python kernel launches for the 0.6B, ~15 ms of host time where
 a 1,024-token prompt's GPU work is ~3 ms (session 23, H100: time to first token 18.4-19.3 ms).
@@ -10,7 +10,14 @@ one sequence of `size` new tokens (StepInputBuilder.chunk_capture_inputs): every
 then depends only on `size` (the attention's q blocks past the chunk's end exit), so the graph
 replays any one-request chunk of at most `size` tokens on any context.
 
-Sizes: 16, 32, ..., 256, then every 256 tokens up to a cap, and the cap itself. Padding costs
+A graph's key is (chunk tokens, decode slots). A chunk alone replays (size, 0), for sizes 16, 32,
+..., 256, then every 256 tokens up to a cap, and the cap itself. A chunk beside d decodes (a new
+request joining a running batch: the steps that otherwise stall every decode for a whole eager
+forward) replays (t, slots) with t from MIXED_TOKENS (coarser, up to the cap) and slots from
+DECODE_SLOTS: the decodes are sequences of one token, padded with empty sequences. Those graphs
+are opt-in (FOLIO_CHUNK_GRAPH_DECODES=1) until their tokens have been checked against the
+reference on a GPU (session 24 measured them under load but ran out of device time first). The
+sizes: Padding costs
 GPU work, launches saved cost host time, so the cap is where the GPU work of the padded chunk
 would stop hiding behind the host: an eager layer launches in ~HOST_SECONDS_PER_LAYER, and the
 linear layers of a token take 2 x (their weights per rank) FLOPs at ~ASSUMED_FLOPS; rounded down
@@ -33,6 +40,9 @@ HOST_SECONDS_PER_LAYER = 0.75e-3
 ASSUMED_FLOPS = 600e12  # bf16 GEMMs of 512-8k rows on an H100 (the 8B's 8k prefill: ~745 TFLOP/s)
 SMALL_SIZES = (16, 32, 64, 128, 256)
 STEP = 256
+MIXED_TOKENS = (64, 256, 512, 1024, 2048, 4096)  # chunk buckets of the graphs with decodes
+DECODE_SLOTS = (16, 64, 256)  # decodes those graphs hold (at most max_num_seqs - 1)
+ChunkKey = tuple[int, int]  # (chunk tokens, decode slots) of a chunk graph
 
 
 def _cap_from_env() -> int | None:
@@ -53,6 +63,20 @@ def linear_params_per_token(model: ModelConfig, tp_size: int = 1) -> int:
     inter = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden)
     per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter
     return model.num_layers * per_layer // max(tp_size, 1)
+
+
+def chunk_graph_bytes(model: ModelConfig, keys: list[ChunkKey], itemsize: int, tp_size: int = 1) -> int:
+    """What the chunk graphs add to the graphs' memory pool: the live activations of one decoder
+    layer at the largest key's tokens (q, k, v, the attention's output, gate/up, SiLU's output,
+    three hidden-sized tensors a token) and every graph's output [tokens, hidden]. Session 24's
+    0.6B: ~0.29 GB for 38 graphs; the pool grew 0.16 GiB for its first 20."""
+    if not keys:
+        return 0
+    cfg, hidden = model.hf_config, model.hidden_size
+    q, kv = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    inter = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden)
+    per_token = (2 * q + 2 * kv + 3 * inter) // max(tp_size, 1) + 3 * hidden
+    return itemsize * (max(t + d for t, d in keys) * per_token + sum(t + d for t, d in keys) * hidden)
 
 
 def chunk_graph_cap(model: ModelConfig, max_chunk: int, tp_size: int = 1) -> int:
@@ -78,10 +102,37 @@ def chunk_graph_sizes(cap: int) -> list[int]:
     return sizes + [cap]
 
 
-def takes_chunk_graph(scheduler_output: SchedulerOutput) -> bool:
-    """A step of one request's prompt chunk (more than one new token, no drafts). Host ints only."""
-    so = scheduler_output
-    if len(so.scheduled) != 1:
-        return False
-    only = so.scheduled[0]
-    return only.num_new_tokens > 1 and not only.spec_token_ids
+def _decodes_from_env() -> bool:
+    raw = os.environ.get("FOLIO_CHUNK_GRAPH_DECODES", "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"FOLIO_CHUNK_GRAPH_DECODES={raw!r}: expected 0 (the default) or 1.")
+    return raw == "1"
+
+
+def chunk_graph_keys(cap: int, max_num_seqs: int, max_num_tokens: int,
+                     with_decodes: bool | None = None) -> list[ChunkKey]:
+    """Every chunk graph's key: the chunk alone at each size up to cap, and (with_decodes; None:
+    FOLIO_CHUNK_GRAPH_DECODES) beside decodes at MIXED_TOKENS (below cap, and cap) x DECODE_SLOTS,
+    a chunk cut to what the step's token budget leaves beside its decodes."""
+    keys = {(size, 0) for size in chunk_graph_sizes(min(cap, max_num_tokens))}
+    if keys and (_decodes_from_env() if with_decodes is None else with_decodes):
+        slots = {min(d, max_num_seqs - 1) for d in DECODE_SLOTS} - {0}
+        tokens = {t for t in MIXED_TOKENS if t < cap} | {cap}
+        keys |= {(min(t, max_num_tokens - d), d) for t in tokens for d in slots if max_num_tokens - d >= 2}
+    return sorted(keys)
+
+
+def chunk_step_shape(scheduler_output: SchedulerOutput) -> tuple[int, int] | None:
+    """(chunk tokens, decodes) of a step with one request's prompt chunk (more than one new token)
+    and otherwise decodes (one new token each), none with drafts; else None. Host ints only."""
+    chunk, decodes = None, 0
+    for sched in scheduler_output.scheduled:
+        if sched.spec_token_ids:
+            return None
+        if sched.num_new_tokens == 1:
+            decodes += 1
+        elif chunk is not None:
+            return None  # two chunks
+        else:
+            chunk = sched.num_new_tokens
+    return None if chunk is None else (chunk, decodes)

@@ -19,10 +19,10 @@ the host, not the GPU, sets the pace. A graph replays them all with one launch.
   graphs: one captured with the LoRA kernels launched (for steps where some request has an
   adapter; slots without tokens find their group empty) and one without them (for steps where
   none has: W1 on Llama-3.1-8B lost 5% to those empty launches), sharing the pool.
-- Chunk graphs (worker/chunk_graphs.py): one request's prompt chunk alone, captured at token
-  counts of 16 up to a cap (StepInputBuilder.chunk_capture_inputs), replayed for any chunk of at
-  most that many tokens (build(pad_tokens_to=...)). Captured first, in the same pool; with LoRA
-  only without the LoRA kernels (steps where an adapter is active run eagerly).
+- Chunk graphs (worker/chunk_graphs.py): one request's prompt chunk, alone or beside decodes,
+  captured at (chunk tokens, decode slots) keys (StepInputBuilder.chunk_capture_inputs), replayed
+  for any step that fits one (build(pad_to=..., pad_tokens_to=...)). Captured first, in the same
+  pool; with LoRA only without the LoRA kernels (steps where an adapter is active run eagerly).
 - Off with enforce_eager, and whenever the attention backend is not Triton (the torch reference
   loops over host lists, which a graph would freeze).
 """
@@ -42,7 +42,7 @@ from folio.core.scheduler_output import SchedulerOutput
 from folio.logger import init_logger
 from folio.lora.manager import LoRAManager
 from folio.models.base import CausalLM
-from folio.worker.step_inputs import StepInputBuilder
+from folio.worker.step_inputs import StepInputBuilder, StepInputs
 
 logger = init_logger(__name__)
 
@@ -88,15 +88,15 @@ def decode_graph_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[i
 class CudaGraphRunner:
     def __init__(
         self, model: CausalLM, builder: StepInputBuilder, batch_sizes: list[int], lora: LoRAManager | None = None,
-        chunk_sizes: list[int] | None = None,
+        chunk_keys: list[tuple[int, int]] | None = None,
     ) -> None:
         self.model = model
         self.lora = lora  # LoRA layers read its mapping buffers; captured with the kernels on
         self.builder = builder
         self.batch_sizes = sorted(batch_sizes)
-        self.chunk_sizes = sorted(chunk_sizes or [])
-        self.chunk_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # tokens -> one prompt chunk's graph
-        self.chunk_outputs: dict[int, torch.Tensor] = {}
+        self.chunk_keys = sorted(chunk_keys or [])  # (chunk tokens, decode slots)
+        self.chunk_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.chunk_outputs: dict[tuple[int, int], torch.Tensor] = {}
         self._pool: tuple[int, int] | None = None  # the graphs' shared memory pool, from the first capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # bucket -> [bucket, hidden], in the pool
@@ -111,12 +111,11 @@ class CudaGraphRunner:
             return None
         return self.batch_sizes[i]
 
-    def chunk_bucket_for(self, num_tokens: int) -> int | None:
-        """The smallest chunk graph that holds a num_tokens chunk, or None (run eagerly)."""
-        i = bisect.bisect_left(self.chunk_sizes, num_tokens)
-        if i == len(self.chunk_sizes) or self.chunk_sizes[i] not in self.chunk_graphs:
-            return None
-        return self.chunk_sizes[i]
+    def chunk_bucket_for(self, num_tokens: int, num_decodes: int = 0) -> tuple[int, int] | None:
+        """The chunk graph with the fewest padded tokens that holds a num_tokens chunk beside
+        num_decodes decodes, or None (run eagerly)."""
+        fits = [(t + d, t, d) for t, d in self.chunk_graphs if t >= num_tokens and d >= num_decodes]
+        return min(fits)[1:] if fits else None
 
     @torch.inference_mode()
     def capture(self, reserve: int = GRAPH_MEMORY_RESERVE) -> None:
@@ -126,11 +125,12 @@ class CudaGraphRunner:
         torch.cuda.synchronize()
         free_before, _ = torch.cuda.mem_get_info()
         self._pool = None
-        jobs = [(True, s) for s in reversed(self.chunk_sizes)] + [(False, s) for s in reversed(self.batch_sizes)]
-        for chunk, size in tqdm(jobs, desc="Capturing CUDA graphs", dynamic_ncols=True):
-            if chunk:
-                self.chunk_graphs[size], self.chunk_outputs[size] = self._capture_one(
-                    self.builder.chunk_capture_inputs(size), size, with_lora=False)
+        jobs = [(key, sum(key)) for key in sorted(self.chunk_keys, key=sum, reverse=True)]
+        jobs += [(None, size) for size in reversed(self.batch_sizes)]
+        for key, size in tqdm(jobs, desc="Capturing CUDA graphs", dynamic_ncols=True):
+            if key is not None:
+                self.chunk_graphs[key], self.chunk_outputs[key] = self._capture_one(
+                    self.builder.chunk_capture_inputs(*key), size, with_lora=False)
                 continue
             inputs = self.builder.build(SchedulerOutput([], 0), {}, pad_to=size)
             for with_lora in (True, False) if self.lora is not None else (True,):
@@ -139,8 +139,10 @@ class CudaGraphRunner:
         torch.cuda.synchronize()
         free_after, _ = torch.cuda.mem_get_info()
         used = free_before - free_after
-        chunks = (f" and {len(self.chunk_graphs)} for prompt chunks of {self.chunk_sizes[0]}..{self.chunk_sizes[-1]}"
-                  " tokens" if self.chunk_sizes else "")
+        mixed = sum(1 for _, d in self.chunk_graphs if d)
+        chunks = (f" and {len(self.chunk_graphs)} for prompt chunks of {self.chunk_keys[0][0]}.."
+                  f"{max(t for t, _ in self.chunk_keys)} tokens ({mixed} of them beside up to "
+                  f"{max(d for _, d in self.chunk_keys)} decodes)" if self.chunk_keys else "")
         logger.info("Captured %d CUDA graphs for decode batch sizes %d..%d%s in %.1f s, using %.2f GiB",
                     len(self.graphs) + len(self.base_graphs), self.batch_sizes[0], self.batch_sizes[-1], chunks,
                     time.perf_counter() - start, used / 2**30)
@@ -152,7 +154,7 @@ class CudaGraphRunner:
                 reserve / 2**30,
             )
 
-    def _capture_one(self, inputs, size: int, with_lora: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:  # noqa: ANN001
+    def _capture_one(self, inputs: StepInputs, size: int, with_lora: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """One graph of the model's forward on these inputs, after an eager run (compiles, cuBLAS's
         choices) outside the capture; with_lora: the LoRA kernels launched (LoRA only)."""
         args = (inputs.input_ids, inputs.positions, inputs.attn_metadata)
@@ -175,7 +177,8 @@ class CudaGraphRunner:
         self.graphs[bucket].replay()
         return self.outputs[bucket]
 
-    def replay_chunk(self, size: int) -> torch.Tensor:
-        """Run the chunk graph on what build(pad_tokens_to=size) just wrote: [size, hidden]."""
-        self.chunk_graphs[size].replay()
-        return self.chunk_outputs[size]
+    def replay_chunk(self, key: tuple[int, int]) -> torch.Tensor:
+        """Run the chunk graph on what build(pad_to=1 + d, pad_tokens_to=t + d) just wrote, for
+        key (t, d): [t + d, hidden]."""
+        self.chunk_graphs[key].replay()
+        return self.chunk_outputs[key]

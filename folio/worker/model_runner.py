@@ -31,7 +31,7 @@ from folio.worker import step_broadcast
 from folio.sample.sampler import Sampler
 from folio.worker import block_ops
 from folio.worker import kv_cache as kvc
-from folio.worker.chunk_graphs import chunk_graph_cap, chunk_graph_sizes, takes_chunk_graph
+from folio.worker.chunk_graphs import chunk_graph_bytes, chunk_graph_cap, chunk_graph_keys, chunk_step_shape
 from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, decode_graph_sizes
 from folio.worker.pending_output import PendingOutput
 from folio.worker.per_token_steps import read_budget, takes_per_token_step
@@ -80,7 +80,7 @@ class ModelRunner(StepSampling):
             sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_model_len, self.block_size, self.device
         )
         self.graphs: CudaGraphRunner | None = None  # captured once the KV cache exists
-        self.chunk_cap = self._chunk_graph_cap()  # one-request prompt chunks up to this replay graphs
+        self.chunk_keys = self._chunk_graph_keys()  # (chunk tokens, decode slots) of the chunk graphs
         self.graph_reserve = GRAPH_MEMORY_RESERVE  # memory the KV sizing leaves the graphs (profiled on a GPU)
         # Per-request state that must outlive preemption: seeded generators, prompt-logprob progress.
         self.generators: dict[str, torch.Generator] = {}
@@ -133,7 +133,7 @@ class ModelRunner(StepSampling):
             self.speculator.initialize_kv_cache(num_blocks, self.swap_pool.num_blocks)
         if self.uses_cuda_graphs():
             sizes = decode_graph_sizes(self.config.scheduler.max_num_seqs, self.config.scheduler.max_num_batched_tokens)
-            self.graphs = CudaGraphRunner(self.model, self.inputs, sizes, self.lora, chunk_graph_sizes(self.chunk_cap))
+            self.graphs = CudaGraphRunner(self.model, self.inputs, sizes, self.lora, self.chunk_keys)
             self.graphs.capture(self.graph_reserve)
             if self.speculator is not None:
                 self.speculator.capture_graphs(self.inputs, sizes)
@@ -149,22 +149,21 @@ class ModelRunner(StepSampling):
             and self.attn_backend.name == "triton"
         )
 
-    def _chunk_graph_cap(self) -> int:
-        """The largest prompt chunk that replays a chunk graph (worker/chunk_graphs.py); 0 without
-        CUDA graphs, and with a speculator (its steps keep their own rules)."""
+    def _chunk_graph_keys(self) -> list[tuple[int, int]]:
+        """The chunk graphs to capture (worker/chunk_graphs.py): none without CUDA graphs, and
+        none with a speculator (its steps keep their own rules)."""
         if not self.uses_cuda_graphs() or self.speculator is not None:
-            return 0
+            return []
         sched = self.config.scheduler  # a chunk never holds more than either
         cap = chunk_graph_cap(self.config.model, min(sched.max_num_batched_tokens, sched.max_model_len), get_tp_size())
         if getattr(self.attn_backend, "cudnn_prefill", False):  # opt-in cuDNN takes chunks from MIN_CHUNK
             cap = min(cap, cudnn_prefill.MIN_CHUNK - 1)  # up, reading the context length on the host
-        return cap
+        return chunk_graph_keys(cap, sched.max_num_seqs, sched.max_num_batched_tokens)
 
     def _profile_gpu_blocks(self) -> int:
         """Run the largest step the scheduler can issue, then give the rest of the budget to KV."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        weights = torch.cuda.memory_allocated()
         self.profile_run()
         torch.cuda.synchronize()
         peak_torch = torch.cuda.max_memory_allocated()
@@ -172,11 +171,8 @@ class ModelRunner(StepSampling):
         non_torch = (total - free) - torch.cuda.memory_reserved()
         budget = total * self.config.cache.gpu_memory_utilization - peak_torch - max(non_torch, 0)
         if self.uses_cuda_graphs():
-            # The chunk graphs' pool holds the activations of the largest chunk: the profiled
-            # step's, scaled by its share of the step's tokens.
-            activations = max(peak_torch - weights, 0)
-            self.graph_reserve = GRAPH_MEMORY_RESERVE + activations * self.chunk_cap // max(
-                self.config.scheduler.max_num_batched_tokens, 1)
+            self.graph_reserve = GRAPH_MEMORY_RESERVE + chunk_graph_bytes(
+                self.config.model, self.chunk_keys, self.dtype.itemsize, get_tp_size())
             budget -= self.graph_reserve
         torch.cuda.empty_cache()
         logger.info(
@@ -245,11 +241,10 @@ class ModelRunner(StepSampling):
         per_token_seqs = self._is_small_verify_step(scheduler_output) or self._is_small_graph_step(scheduler_output)
         bucket = self._graph_bucket(scheduler_output, per_token_seqs)
         chunk = self._chunk_bucket(scheduler_output) if bucket is None and not per_token_seqs else None
-        inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done, pad_to=bucket,
-                                   per_token_seqs=per_token_seqs, pad_tokens_to=chunk)
+        inputs = self.inputs.build(scheduler_output, self.prompt_logprobs_done,
+                                   pad_to=bucket if chunk is None else 1 + chunk[1], per_token_seqs=per_token_seqs,
+                                   pad_tokens_to=None if chunk is None else sum(chunk))
         base_only = self.lora is None or not self.lora.prepare_step(scheduled, inputs.input_ids.shape[0]).any_adapter
-        if not base_only:
-            chunk = None  # chunk graphs have no LoRA kernels: this padded step runs eagerly
         if inputs.placeholder_rows:
             request_ids = [scheduled[i].request_id for i in inputs.placeholder_batch_indices]
             self.last_sampled.fill(inputs.input_ids, inputs.placeholder_rows, request_ids)
@@ -258,7 +253,7 @@ class ModelRunner(StepSampling):
         if self.leads_followers:
             step_broadcast.send_step_plan(inputs, bucket, scheduler_output, self.block_size, self.device, chunk)
         if chunk is not None and self.graphs is not None:
-            hidden = self.graphs.replay_chunk(chunk)  # [chunk, hidden]
+            hidden = self.graphs.replay_chunk(chunk)  # [chunk tokens + decode slots, hidden]
         elif bucket is not None and self.graphs is not None:
             hidden = self.graphs.replay(bucket, base_only)  # [bucket, hidden]
         else:
@@ -312,11 +307,15 @@ class ModelRunner(StepSampling):
             return None
         return self.graphs.bucket_for(num_seqs)
 
-    def _chunk_bucket(self, scheduler_output: SchedulerOutput) -> int | None:
-        """The chunk graph to replay for a step of one request's prompt chunk (chunk_graphs.py)."""
-        if self.graphs is None or not self.graphs.chunk_graphs or not takes_chunk_graph(scheduler_output):
+    def _chunk_bucket(self, scheduler_output: SchedulerOutput) -> tuple[int, int] | None:
+        """The chunk graph (chunk tokens, decode slots) to replay for a step of one request's
+        prompt chunk, alone or beside decodes (chunk_graphs.py)."""
+        if self.graphs is None or not self.graphs.chunk_graphs:
             return None
-        return self.graphs.chunk_bucket_for(scheduler_output.total_num_scheduled_tokens)
+        if self.lora is not None and any(s.request.lora_request for s in scheduler_output.scheduled):
+            return None  # chunk graphs have no LoRA kernels: such a step runs eagerly, unpadded
+        shape = chunk_step_shape(scheduler_output)
+        return None if shape is None else self.graphs.chunk_bucket_for(*shape)
 
     def _is_small_graph_step(self, scheduler_output: SchedulerOutput) -> bool:
         """A small step with prompt tokens that a decode CUDA graph can replay as per-token

@@ -13,10 +13,10 @@ from folio.worker.step_inputs import StepInputs
 
 def send_step_plan(
     inputs: StepInputs, bucket: int | None, scheduler_output: SchedulerOutput, block_size: int, device: torch.device,
-    chunk: int | None = None,
+    chunk: tuple[int, int] | None = None,
 ) -> None:
     """Broadcast this step to the followers: its inputs, the graph rank 0 replays (a decode
-    bucket, or a chunk graph's tokens) and every LM-head call to come."""
+    bucket, or a chunk graph's key) and every LM-head call to come."""
     md = inputs.attn_metadata
     width = step_plan.table_width(md.max_seq_len, block_size)
     step_plan.send_step(

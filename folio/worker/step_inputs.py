@@ -9,8 +9,9 @@ lengths and the block table are computed with whole-batch numpy operations.
 Padding (pad_to > num_seqs, for a captured graph's batch size): padded tokens have input id 0,
 position 0 and slot -1 (nothing written to the cache); padded sequences have query length 0 and
 seq_len 0, so attention skips them. Their rows of the output are garbage and never read.
-A chunk graph's step (pad_tokens_to) pads tokens only: they belong to no sequence, so the
-attention's programs for them find no query rows and exit.
+A chunk graph's step (pad_tokens_to) pads tokens past its sequences' (and, beside decodes,
+sequences as above): the padded tokens belong to no sequence, so the attention's programs for
+them find no query rows and exit.
 
 Per-token sequences (per_token_seqs=True, speculative verify steps): every token of the step
 becomes a sequence of its own in the attention metadata, with one query token at its position,
@@ -204,30 +205,36 @@ class StepInputBuilder:
             pending_drafts=self._pending_drafts,
         )
 
-    def chunk_capture_inputs(self, num_tokens: int) -> StepInputs:
+    def chunk_capture_inputs(self, num_tokens: int, num_decodes: int = 0) -> StepInputs:
         """What a chunk graph is captured with (worker/chunk_graphs.py): one sequence of
-        num_tokens new tokens and no context, so the backends pick the kernels a prompt chunk of
-        that many tokens gets; it writes nothing (slots -1) and reads block 0. A replay's
-        build(pad_tokens_to=num_tokens) rewrites the same buffers with the real chunk."""
-        width = -(-num_tokens // self.block_size)
-        if num_tokens > self.max_num_tokens or width > self.device_block_tables.shape[1]:
-            raise ValueError(f"A chunk graph of {num_tokens} tokens exceeds the runner's {self.max_num_tokens} tokens "
-                             f"or its {self.device_block_tables.shape[1]} blocks a sequence.")
+        num_tokens new tokens and no context, then num_decodes sequences of one token, so the
+        backends pick the kernels such a step gets; it writes nothing (slots -1) and reads block
+        0. A replay's build(pad_to=1 + num_decodes, pad_tokens_to=num_tokens + num_decodes)
+        rewrites the same buffers with the real step."""
+        width, seqs, total = -(-num_tokens // self.block_size), 1 + num_decodes, num_tokens + num_decodes
+        if total > self.max_num_tokens or seqs > self.max_num_seqs or width > self.device_block_tables.shape[1]:
+            raise ValueError(f"A chunk graph of {num_tokens} tokens and {num_decodes} decodes exceeds the runner's "
+                             f"{self.max_num_tokens} tokens, {self.max_num_seqs} sequences or "
+                             f"{self.device_block_tables.shape[1]} blocks a sequence.")
         if self._copied is not None:
             self._copied.synchronize()
         h = self.buffers.np
-        h["input_ids"][:num_tokens] = 0
+        h["input_ids"][:total] = 0
         h["positions"][:num_tokens] = np.arange(num_tokens)
-        h["slot_mapping"][:num_tokens] = -1
-        h["query_start_loc"][:2] = (0, num_tokens)
+        h["positions"][num_tokens:total] = 0
+        h["slot_mapping"][:total] = -1
+        h["query_start_loc"][0] = 0
+        h["query_start_loc"][1 : seqs + 1] = num_tokens + np.arange(seqs)
         h["seq_lens"][0] = num_tokens
-        h["block_tables"][:width] = 0
-        self._copy_to_device(num_tokens, 1, np.zeros((1, width), np.int32), False)
+        h["seq_lens"][1:seqs] = 1
+        table = np.zeros((seqs, width), np.int32)
+        h["block_tables"][: seqs * width] = 0
+        self._copy_to_device(total, seqs, table, False)
         d = self.buffers.device
         return StepInputs(
-            input_ids=d["input_ids"][:num_tokens], positions=d["positions"][:num_tokens],
-            attn_metadata=self._metadata(num_tokens, num_tokens, 1, num_tokens, num_tokens, False),
-            logits_indices=None, sampling_batch_indices=[], prompt_logprobs_plans=[], num_tokens=num_tokens,
+            input_ids=d["input_ids"][:total], positions=d["positions"][:total],
+            attn_metadata=self._metadata(total, total, seqs, num_tokens, num_tokens, False),
+            logits_indices=None, sampling_batch_indices=[], prompt_logprobs_plans=[], num_tokens=total,
             verify_batch_indices=[], verify_rows=[], placeholder_rows=[], placeholder_batch_indices=[],
         )
 

@@ -148,17 +148,18 @@ def test_padded_prompt_chunks_reach_the_follower_as_rank_0_runs_them(llama_tp, m
     # A chunk graph's step is padded past its tokens and names the graph in the plan; the
     # follower must run the same padded step (here eagerly: the CPU has no graphs), or the
     # all-reduces would pair different shapes.
-    from folio.worker.chunk_graphs import takes_chunk_graph
+    from folio.worker.chunk_graphs import chunk_step_shape
     from folio.worker.model_runner import ModelRunner
 
     reference, llm = llama_tp
     taken = []
 
     def bucket(self, so):
-        if not takes_chunk_graph(so):
+        shape = chunk_step_shape(so)
+        if shape is None:
             return None
-        taken.append(so.total_num_scheduled_tokens)
-        return so.total_num_scheduled_tokens + 13
+        taken.append(shape[0])
+        return shape[0] + 13, shape[1] + 2  # padded tokens and an empty sequence or two
 
     monkeypatch.setattr(ModelRunner, "_chunk_bucket", bucket)
     params = SamplingParams(temperature=0, max_tokens=6)

@@ -85,16 +85,35 @@ def test_cuda_graphs_give_the_eager_tokens(checkpoint):
 
 def test_float32_chunk_graphs_give_the_torch_path_tokens(checkpoint, monkeypatch):
     """Prompts of 17-200 tokens alone (more than the per-token graphs' 16 here) replay chunk
-    graphs, padded, and give the torch reference path's greedy tokens."""
+    graphs, padded, and give the torch reference path's greedy tokens; so does a prompt that
+    joins a running request (its chunk beside the other's decode)."""
     from folio.worker.cuda_graphs import CudaGraphRunner
 
     replays = []
     replay = CudaGraphRunner.replay_chunk
-    monkeypatch.setattr(CudaGraphRunner, "replay_chunk", lambda self, size: (replays.append(size), replay(self, size))[1])
+    monkeypatch.setattr(CudaGraphRunner, "replay_chunk", lambda self, key: (replays.append(key), replay(self, key))[1])
     prompts = _prompts(3)[3:]
     reference = _greedy(checkpoint, prompts, fast=False, batched=False)
     assert _greedy(checkpoint, prompts, fast=True, batched=False) == reference
-    assert sorted(replays) == [32, 64, 128, 256, 256], replays
+    assert sorted(replays) == [(32, 0), (64, 0), (128, 0), (256, 0), (256, 0)], replays
+    replays.clear()
+    monkeypatch.setenv("FOLIO_CHUNK_GRAPH_DECODES", "1")  # opt-in until this test has passed on a GPU
+    previous = set_triton_kernels(True)
+    try:
+        llm = LLM(model=checkpoint, device="cuda", dtype="float32", num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=16,
+                  attention_backend="triton")
+        engine, done = llm.llm_engine, {}
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+        engine.add_request("a", {"prompt_token_ids": prompts[0]}, params)
+        for _ in range(3):
+            engine.step()
+        engine.add_request("b", {"prompt_token_ids": prompts[4]}, params)
+        while engine.has_unfinished_requests():
+            done.update((o.request_id, list(o.outputs[0].token_ids)) for o in engine.step() if o.finished)
+    finally:
+        set_triton_kernels(previous)
+    assert (done["a"], done["b"]) == (reference[0], reference[4])
+    assert replays[-1][1] >= 1, replays  # "b"'s 200 tokens beside "a"'s decode
 
 
 def test_chunk_graphs_equal_the_eager_step_on_the_gluon_kernel(tmp_path):
@@ -107,7 +126,7 @@ def test_chunk_graphs_equal_the_eager_step_on_the_gluon_kernel(tmp_path):
     args = EngineArgs(model=path, dtype="bfloat16", device="cuda", num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=16)
     runner = ModelRunner(args.create_engine_config())
     runner.initialize_kv_cache(NUM_BLOCKS)
-    assert runner.graphs is not None and 768 in runner.graphs.chunk_graphs
+    assert runner.graphs is not None and (768, 0) in runner.graphs.chunk_graphs
     rng = random.Random(4)
     prompt = [rng.randrange(3, 1000) for _ in range(1000)]
     blocks = list(range(100, 100 + 1000 // 16 + 1))
@@ -128,7 +147,7 @@ def test_chunk_graphs_equal_the_eager_step_on_the_gluon_kernel(tmp_path):
                 states.append(runner.launch_forward(step).hidden[:n].float().clone())
         hidden[graphs] = torch.cat(states)
         assert torch.isfinite(hidden[graphs]).all()
-    assert replays == [768, 512]
+    assert replays == [(768, 0), (512, 0)]
     error = float((hidden[True] - hidden[False]).abs().max() / hidden[False].abs().max())
     assert error < 2e-2, error
     spare = torch.ones(NUM_BLOCKS, dtype=torch.bool)
