@@ -16,12 +16,12 @@ request joining a running batch: the steps that otherwise stall every decode for
 forward) replays (t, slots) with t from MIXED_TOKENS (coarser, up to the cap) and slots from
 DECODE_SLOTS: the decodes are sequences of one token, padded with empty sequences. Those graphs
 are opt-in (FOLIO_CHUNK_GRAPH_DECODES=1) until their tokens have been checked against the
-reference on a GPU (session 24 measured them under load but ran out of device time first). The
-sizes: Padding costs
-GPU work, launches saved cost host time, so the cap is where the GPU work of the padded chunk
-would stop hiding behind the host: an eager layer launches in ~HOST_SECONDS_PER_LAYER, and the
-linear layers of a token take 2 x (their weights per rank) FLOPs at ~ASSUMED_FLOPS; rounded down
-to the grid, and never past the longest chunk the engine can schedule (max_num_batched_tokens,
+reference on a GPU (session 24 measured them under load but ran out of device time first).
+
+The cap: padding costs GPU work, launches saved cost host time, so the cap is where the GPU work
+of the padded chunk would stop hiding behind the host: an eager layer launches in
+~HOST_SECONDS_PER_LAYER, and the linear layers of a token take 2 x (their weights per rank) FLOPs
+at ~ASSUMED_FLOPS; rounded down to the grid, and never past the longest chunk the engine can schedule (max_num_batched_tokens,
 max_model_len). The 0.6B gets chunk graphs up to MAX_TOKENS (4,096), the 8B up to 1,024;
 FOLIO_CHUNK_GRAPH_TOKENS sets the cap (0: none).
 """
