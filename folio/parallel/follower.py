@@ -24,6 +24,7 @@ class Follower:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.device = runner.device
+        self._warned_chunk = False  # a chunk graph rank 0 named and this rank lacks, said once
 
     @torch.inference_mode()
     def run(self) -> None:
@@ -42,14 +43,26 @@ class Follower:
         if plan.input_ids.numel() == 0:
             return
         input_ids, positions, metadata = self._load_inputs(plan)
-        if plan.chunk is not None and runner.graphs is not None and plan.chunk in runner.graphs.chunk_graphs:
-            hidden = runner.graphs.replay_chunk(plan.chunk)  # [chunk tokens + decode slots, hidden]
+        graphs = runner.graphs
+        if plan.chunk is not None and graphs is not None and plan.chunk not in graphs.chunk_graphs:
+            self._warn_missing_chunk_graph(plan.chunk)  # then the padded step runs eagerly, below
+        if plan.chunk is not None and graphs is not None and plan.chunk in graphs.chunk_graphs:
+            hidden = graphs.replay_chunk(plan.chunk)  # [chunk tokens + decode slots, hidden]
         elif plan.bucket is not None and runner.graphs is not None:
             hidden = runner.graphs.replay(plan.bucket)  # [bucket, hidden]
         else:
             hidden = runner.model(input_ids, positions, metadata)  # [padded_tokens, hidden]
         for rows in plan.logit_sets:
             runner.model.compute_logits(hidden[rows])  # joins rank 0's gather; dropped here
+
+    def _warn_missing_chunk_graph(self, key: tuple[int, int]) -> None:
+        """Rank 0 replays a chunk graph this rank did not capture (its FOLIO_CHUNK_GRAPH_* differ):
+        the padded step runs eagerly here, the same collectives; said once."""
+        if not self._warned_chunk:
+            self._warned_chunk = True
+            logger.warning("Rank 0 replays chunk graph %s, which this rank did not capture (set "
+                           "FOLIO_CHUNK_GRAPH_TOKENS and FOLIO_CHUNK_GRAPH_DECODES alike on every rank); such "
+                           "steps run eagerly here.", key)
 
     def _load_inputs(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Copy the plan into the runner's persistent buffers and describe them."""

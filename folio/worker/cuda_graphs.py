@@ -113,9 +113,10 @@ class CudaGraphRunner:
 
     def chunk_bucket_for(self, num_tokens: int, num_decodes: int = 0) -> tuple[int, int] | None:
         """The chunk graph with the fewest padded tokens that holds a num_tokens chunk beside
-        num_decodes decodes, or None (run eagerly)."""
-        fits = [(t + d, t, d) for t, d in self.chunk_graphs if t >= num_tokens and d >= num_decodes]
-        return min(fits)[1:] if fits else None
+        num_decodes decodes, on a tie the one with fewer decode slots (fewer empty sequences, and
+        a chunk alone keeps the long-chunk kernels), or None (run eagerly)."""
+        fits = [(t + d, d, t) for t, d in self.chunk_graphs if t >= num_tokens and d >= num_decodes]
+        return (min(fits)[2], min(fits)[1]) if fits else None
 
     @torch.inference_mode()
     def capture(self, reserve: int = GRAPH_MEMORY_RESERVE) -> None:

@@ -86,6 +86,20 @@ def test_the_keys_add_decode_slots_to_coarser_chunks():
     assert chunk_graph_keys(0, 256, 16384, True) == []
 
 
+def test_which_graph_a_step_replays():
+    """The fewest padded tokens; on a tie the fewer decode slots (a chunk alone keeps its graph
+    without empty sequences); None when nothing holds the step."""
+    from folio.worker.cuda_graphs import CudaGraphRunner
+
+    runner = CudaGraphRunner(None, None, [1])  # type: ignore[arg-type]
+    runner.chunk_graphs = dict.fromkeys(chunk_graph_keys(4096, 256, 4096, with_decodes=True))
+    assert runner.chunk_bucket_for(300) == (512, 0)
+    assert runner.chunk_bucket_for(300, 3) == (512, 16)
+    assert runner.chunk_bucket_for(3841, 0) == (4096, 0)  # not (3841, 255): the same 4,096 tokens
+    assert runner.chunk_bucket_for(3000, 3) == (4080, 16)  # the 4,096-token budget less 16 slots
+    assert runner.chunk_bucket_for(100, 300) is None and runner.chunk_bucket_for(5000) is None
+
+
 def test_graphs_beside_decodes_are_opt_in(monkeypatch):
     monkeypatch.delenv("FOLIO_CHUNK_GRAPH_DECODES", raising=False)
     assert chunk_graph_keys(1024, 256, 16384) == [(s, 0) for s in chunk_graph_sizes(1024)]
