@@ -44,12 +44,14 @@ class Follower:
             return
         input_ids, positions, metadata = self._load_inputs(plan)
         graphs = runner.graphs
-        if plan.chunk is not None and graphs is not None and plan.chunk not in graphs.chunk_graphs:
-            self._warn_missing_chunk_graph(plan.chunk)  # then the padded step runs eagerly, below
-        if plan.chunk is not None and graphs is not None and plan.chunk in graphs.chunk_graphs:
-            hidden = graphs.replay_chunk(plan.chunk)  # [chunk tokens + decode slots, hidden]
-        elif plan.bucket is not None and runner.graphs is not None:
-            hidden = runner.graphs.replay(plan.bucket)  # [bucket, hidden]
+        chunk = plan.chunk if graphs is not None else None
+        if chunk is not None and chunk not in graphs.chunk_graphs:
+            self._warn_missing_chunk_graph(chunk)
+            chunk = None  # the padded step runs eagerly: the same collectives
+        if chunk is not None:
+            hidden = graphs.replay_chunk(chunk)  # [chunk tokens + decode slots, hidden]
+        elif plan.bucket is not None and graphs is not None:
+            hidden = graphs.replay(plan.bucket)  # [bucket, hidden]
         else:
             hidden = runner.model(input_ids, positions, metadata)  # [padded_tokens, hidden]
         for rows in plan.logit_sets:

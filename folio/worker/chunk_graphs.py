@@ -54,13 +54,17 @@ def _cap_from_env() -> int | None:
     return int(raw)
 
 
+def _widths(model: ModelConfig) -> tuple[int, int, int, int]:
+    """(hidden, q, k or v, MLP intermediate) widths of a decoder layer."""
+    hidden, cfg = model.hidden_size, model.hf_config
+    inter = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden)
+    return hidden, model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim, inter
+
+
 def linear_params_per_token(model: ModelConfig, tp_size: int = 1) -> int:
     """Weights of the decoder layers' linear layers on one rank (what a token multiplies through):
     q/k/v, o, and a gated MLP. The LM head runs once a step, outside the graph."""
-    cfg = model.hf_config
-    hidden = model.hidden_size
-    q, kv = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
-    inter = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden)
+    hidden, q, kv, inter = _widths(model)
     per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter
     return model.num_layers * per_layer // max(tp_size, 1)
 
@@ -72,9 +76,7 @@ def chunk_graph_bytes(model: ModelConfig, keys: list[ChunkKey], itemsize: int, t
     0.6B: ~0.29 GB for 38 graphs; the pool grew 0.16 GiB for its first 20."""
     if not keys:
         return 0
-    cfg, hidden = model.hf_config, model.hidden_size
-    q, kv = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
-    inter = int(cfg.get("intermediate_size") or cfg.get("ffn_dim") or 4 * hidden)
+    hidden, q, kv, inter = _widths(model)
     per_token = (2 * q + 2 * kv + 3 * inter) // max(tp_size, 1) + 3 * hidden
     return itemsize * (max(t + d for t, d in keys) * per_token + sum(t + d for t, d in keys) * hidden)
 

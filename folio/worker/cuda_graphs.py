@@ -116,7 +116,10 @@ class CudaGraphRunner:
         num_decodes decodes, on a tie the one with fewer decode slots (fewer empty sequences, and
         a chunk alone keeps the long-chunk kernels), or None (run eagerly)."""
         fits = [(t + d, d, t) for t, d in self.chunk_graphs if t >= num_tokens and d >= num_decodes]
-        return (min(fits)[2], min(fits)[1]) if fits else None
+        if not fits:
+            return None
+        _, d, t = min(fits)
+        return t, d
 
     @torch.inference_mode()
     def capture(self, reserve: int = GRAPH_MEMORY_RESERVE) -> None:
