@@ -39,12 +39,20 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
                 state.payloads.append(payload)
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
+            self._counted = True
             try:
                 if payload["prompt"][0] == FAIL_TOKEN:
                     self._json(400, {"error": {"message": "bad prompt", "type": "BadRequestError"}})
                 else:
                     self._stream(payload)
             finally:
+                self._finish()
+
+        def _finish(self) -> None:
+            """Out of flight before the response's last bytes go: once the client has them it may
+            send its next request, which another thread could count before this one got here."""
+            if getattr(self, "_counted", False):
+                self._counted = False
                 with state.lock:
                     state.in_flight -= 1
 
@@ -61,6 +69,7 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
                 self._event({"id": "cmpl-1", "choices": [], "usage": {
                     "prompt_tokens": len(payload["prompt"]), "completion_tokens": n,
                     "total_tokens": len(payload["prompt"]) + n}})
+            self._finish()
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
 
@@ -74,6 +83,7 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            self._finish()
             self.wfile.write(body)
 
     return Handler
