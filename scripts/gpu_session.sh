@@ -62,7 +62,7 @@ serve-rate) part serve-rate  # requests arriving at a rate: new prompts join run
   timeout 190 python3 -m folio bench serve --base-url http://127.0.0.1:$PORT --model qwen3-0.6b --workload random \
     --input-len ${SERVE_INPUT:-1000} --output-len ${SERVE_OUTPUT:-200} --num-prompts ${SERVE_PROMPTS:-300} \
     --request-rate ${SERVE_RATE:-20} --ready-timeout 120 --warmup-requests 1 --no-progress \
-    --json "$OUT/$p-graphs${SERVE_CHUNK_GRAPHS:-4096}.json" 2>&1 | grep -E "duration|Output token|TTFT|ITL|Failed"
+    --json "$OUT/$p-graphs${SERVE_CHUNK_GRAPHS:-4096}-d${SERVE_CHUNK_GRAPH_DECODES:-1}${SERVE_TAG:-}.json" 2>&1 | grep -E "duration|Output token|TTFT|ITL|Failed"
   kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; grep -E "Captured|ERROR|Traceback" "$OUT/$p.log" | cut -c1-200 | head -5 ;;
 ingest) part ingest  # issue 11: W1's ramp on this host's CPU: the bench client alone, then the serve stack
   for C in asyncio httpx; do for M in null paused; do echo "client $C, $M:"

@@ -14,9 +14,10 @@ A graph's key is (chunk tokens, decode slots). A chunk alone replays (size, 0), 
 ..., 256, then every 256 tokens up to a cap, and the cap itself. A chunk beside d decodes (a new
 request joining a running batch: the steps that otherwise stall every decode for a whole eager
 forward) replays (t, slots) with t from MIXED_TOKENS (coarser, up to the cap) and slots from
-DECODE_SLOTS: the decodes are sequences of one token, padded with empty sequences. Those graphs
-are opt-in (FOLIO_CHUNK_GRAPH_DECODES=1) until their tokens have been checked against the
-reference on a GPU (session 24 measured them under load but ran out of device time first).
+DECODE_SLOTS: the decodes are sequences of one token, padded with empty sequences.
+FOLIO_CHUNK_GRAPH_DECODES=0 keeps those steps eager (the A/B switch; session 24, H100, the 0.6B
+served at 20 requests a second: mean time to first token 32-41 -> 10-11 ms, p99 inter-token
+latency 20-26 -> 3.9 ms).
 
 The cap: padding costs GPU work, launches saved cost host time, so the cap is where the GPU work
 of the padded chunk would stop hiding behind the host: an eager layer launches in
@@ -41,7 +42,10 @@ ASSUMED_FLOPS = 600e12  # bf16 GEMMs of 512-8k rows on an H100 (the 8B's 8k pref
 SMALL_SIZES = (16, 32, 64, 128, 256)
 STEP = 256
 MIXED_TOKENS = (64, 256, 512, 1024, 2048, 4096)  # chunk buckets of the graphs with decodes
-DECODE_SLOTS = (16, 64, 256)  # decodes those graphs hold (at most max_num_seqs - 1)
+# Decodes those graphs hold (at most max_num_seqs - 1). 7: a chunk beside 1-7 decodes is at most 8
+# sequences, which keeps the long-chunk attention kernels (triton_backend.PREFILL_MAX_SEQS), as
+# the eager step would; the larger slot counts freeze the mixed-batch kernel.
+DECODE_SLOTS = (7, 16, 64, 256)
 ChunkKey = tuple[int, int]  # (chunk tokens, decode slots) of a chunk graph
 
 
@@ -105,9 +109,9 @@ def chunk_graph_sizes(cap: int) -> list[int]:
 
 
 def _decodes_from_env() -> bool:
-    raw = os.environ.get("FOLIO_CHUNK_GRAPH_DECODES", "0")
+    raw = os.environ.get("FOLIO_CHUNK_GRAPH_DECODES", "1")
     if raw not in ("0", "1"):
-        raise ValueError(f"FOLIO_CHUNK_GRAPH_DECODES={raw!r}: expected 0 (the default) or 1.")
+        raise ValueError(f"FOLIO_CHUNK_GRAPH_DECODES={raw!r}: expected 1 (the default) or 0 (no graphs beside decodes).")
     return raw == "1"
 
 

@@ -63,11 +63,11 @@ def test_the_cap_follows_the_work_per_token(monkeypatch):
 
 
 def test_the_pool_estimate_of_the_chunk_graphs():
-    """The 0.6B's 38 graphs at bf16: the live activations of a 4,351-token layer and every
-    graph's output, ~0.29 GB (its pool grew 0.16 GiB for the first 20 graphs, session 24)."""
+    """The 0.6B's 44 graphs at bf16: the live activations of a 4,351-token layer and every
+    graph's output, ~0.3 GB (its pool grew 0.16 GiB for the first 20 graphs, session 24)."""
     keys = chunk_graph_keys(4096, 256, 16384, with_decodes=True)
-    assert len(keys) == 38
-    assert 0.25e9 < chunk_graph_bytes(QWEN3_06B, keys, 2) < 0.32e9
+    assert len(keys) == 44
+    assert 0.25e9 < chunk_graph_bytes(QWEN3_06B, keys, 2) < 0.34e9
     assert chunk_graph_bytes(QWEN3_06B, [], 2) == 0
     assert chunk_graph_bytes(LLAMA_8B, keys, 2, tp_size=2) < chunk_graph_bytes(LLAMA_8B, keys, 2)
 
@@ -77,12 +77,12 @@ def test_the_keys_add_decode_slots_to_coarser_chunks():
     (never more than max_num_seqs - 1), none past the step's token buffers."""
     keys = chunk_graph_keys(1024, 256, 16384, with_decodes=True)
     assert [k for k in keys if k[1] == 0] == [(s, 0) for s in chunk_graph_sizes(1024)]
-    assert sorted(k for k in keys if k[1]) == [(t, d) for t in (64, 256, 512, 1024) for d in (16, 64, 255)]
+    assert sorted(k for k in keys if k[1]) == [(t, d) for t in (64, 256, 512, 1024) for d in (7, 16, 64, 255)]
     assert sorted({d for _, d in chunk_graph_keys(700, 8, 16384, True)}) == [0, 7]
     assert (700, 7) in chunk_graph_keys(700, 8, 16384, True)
     tight = chunk_graph_keys(700, 8, 706, True)  # a 706-token budget: 699 tokens beside 7 decodes
     assert (699, 7) in tight and max(t + d for t, d in tight) == 706
-    assert chunk_graph_keys(64, 16, 64, True) == [(16, 0), (32, 0), (49, 15), (64, 0)]  # chunks of 64-token steps
+    assert chunk_graph_keys(64, 16, 64, True) == [(16, 0), (32, 0), (49, 15), (57, 7), (64, 0)]  # 64-token steps
     assert chunk_graph_keys(0, 256, 16384, True) == []
 
 
@@ -94,17 +94,18 @@ def test_which_graph_a_step_replays():
     runner = CudaGraphRunner(None, None, [1])  # type: ignore[arg-type]
     runner.chunk_graphs = dict.fromkeys(chunk_graph_keys(4096, 256, 4096, with_decodes=True))
     assert runner.chunk_bucket_for(300) == (512, 0)
-    assert runner.chunk_bucket_for(300, 3) == (512, 16)
+    assert runner.chunk_bucket_for(300, 3) == (512, 7)
+    assert runner.chunk_bucket_for(300, 8) == (512, 16)
     assert runner.chunk_bucket_for(3841, 0) == (4096, 0)  # not (3841, 255): the same 4,096 tokens
-    assert runner.chunk_bucket_for(3000, 3) == (4080, 16)  # the 4,096-token budget less 16 slots
+    assert runner.chunk_bucket_for(3000, 3) == (4089, 7)  # the 4,096-token budget less 7 slots
     assert runner.chunk_bucket_for(100, 300) is None and runner.chunk_bucket_for(5000) is None
 
 
-def test_graphs_beside_decodes_are_opt_in(monkeypatch):
+def test_graphs_beside_decodes_are_on_unless_switched_off(monkeypatch):
     monkeypatch.delenv("FOLIO_CHUNK_GRAPH_DECODES", raising=False)
-    assert chunk_graph_keys(1024, 256, 16384) == [(s, 0) for s in chunk_graph_sizes(1024)]
-    monkeypatch.setenv("FOLIO_CHUNK_GRAPH_DECODES", "1")
     assert chunk_graph_keys(1024, 256, 16384) == chunk_graph_keys(1024, 256, 16384, with_decodes=True)
+    monkeypatch.setenv("FOLIO_CHUNK_GRAPH_DECODES", "0")
+    assert chunk_graph_keys(1024, 256, 16384) == [(s, 0) for s in chunk_graph_sizes(1024)]
     monkeypatch.setenv("FOLIO_CHUNK_GRAPH_DECODES", "yes")
     with pytest.raises(ValueError, match="FOLIO_CHUNK_GRAPH_DECODES"):
         chunk_graph_keys(1024, 256, 16384)
@@ -246,3 +247,12 @@ def test_engine_tokens_and_logprobs_do_not_change(tmp_path, monkeypatch, prefix_
 
     padded, plain = run(True), run(False)
     assert_same_tokens_and_logprobs(padded, plain)
+
+
+def test_few_decodes_keep_the_long_chunk_kernels():
+    """A chunk beside 1-7 decodes replays a graph of at most PREFILL_MAX_SEQS sequences, whose
+    capture took the long-chunk attention kernels as the eager step would."""
+    from folio.attention.backends.triton_backend import PREFILL_MAX_SEQS
+    from folio.worker.chunk_graphs import DECODE_SLOTS
+
+    assert min(DECODE_SLOTS) + 1 == PREFILL_MAX_SEQS

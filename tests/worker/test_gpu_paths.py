@@ -97,7 +97,6 @@ def test_float32_chunk_graphs_give_the_torch_path_tokens(checkpoint, monkeypatch
     assert _greedy(checkpoint, prompts, fast=True, batched=False) == reference
     assert sorted(replays) == [(32, 0), (64, 0), (128, 0), (256, 0), (256, 0)], replays
     replays.clear()
-    monkeypatch.setenv("FOLIO_CHUNK_GRAPH_DECODES", "1")  # opt-in until this test has passed on a GPU
     previous = set_triton_kernels(True)
     try:
         llm = LLM(model=checkpoint, device="cuda", dtype="float32", num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=16,
@@ -117,19 +116,24 @@ def test_float32_chunk_graphs_give_the_torch_path_tokens(checkpoint, monkeypatch
 
 
 def test_chunk_graphs_equal_the_eager_step_on_the_gluon_kernel(tmp_path):
-    """A bf16 model with head_dim 128 (the Gluon prefill on Hopper): a 700-token prompt chunk and
-    the next 300 tokens on its cached 700 replay the 768- and 512-token chunk graphs; their hidden
-    states equal the eager steps' within bf16 rounding (cuBLAS may tile the padded GEMMs
+    """A bf16 model with head_dim 128 (the Gluon prefill on Hopper): a 700-token prompt chunk, then
+    the next 300 tokens on its cached 700 beside two decodes, replay the (768, 0) and (512, 7)
+    chunk graphs (8 sequences: the capture took the Gluon kernel, as the eager step does); their
+    hidden states equal the eager steps' within bf16 rounding (cuBLAS may tile the padded GEMMs
     differently), the padded rows stay out of the cache."""
     path = make_tiny_checkpoint("qwen3", tmp_path / "q", hidden_size=256, intermediate_size=512, num_attention_heads=4,
                                 num_key_value_heads=2, head_dim=128, max_position_embeddings=4096)
     args = EngineArgs(model=path, dtype="bfloat16", device="cuda", num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=16)
     runner = ModelRunner(args.create_engine_config())
     runner.initialize_kv_cache(NUM_BLOCKS)
-    assert runner.graphs is not None and (768, 0) in runner.graphs.chunk_graphs
+    assert runner.graphs is not None and {(768, 0), (512, 7)} <= set(runner.graphs.chunk_graphs)
     rng = random.Random(4)
     prompt = [rng.randrange(3, 1000) for _ in range(1000)]
     blocks = list(range(100, 100 + 1000 // 16 + 1))
+    # Two running requests, each decoding its next token on 39 / 20 cached ones (whatever the
+    # cache holds there: both modes read the same).
+    decoders = [(Request(f"d{i}", [rng.randrange(3, 1000) for _ in range(n + 1)], SamplingParams(max_tokens=4)), n, b)
+                for i, (n, b) in enumerate(((39, [10, 11, 12]), (20, [20, 21])))]
     replays = []
     replay = runner.graphs.replay_chunk
     runner.graphs.replay_chunk = lambda size: (replays.append(size), replay(size))[1]
@@ -141,17 +145,19 @@ def test_chunk_graphs_equal_the_eager_step_on_the_gluon_kernel(tmp_path):
         else:
             del runner._chunk_bucket
         states = []
-        for start, n in ((0, 700), (700, 300)):
-            step = SchedulerOutput([ScheduledRequest(request, start, n, blocks, start + n == len(prompt))], n)
+        for start, n, beside in ((0, 700, []), (700, 300, decoders)):
+            scheduled = [ScheduledRequest(request, start, n, blocks, start + n == len(prompt))]
+            scheduled += [ScheduledRequest(d, k, 1, b, False) for d, k, b in beside]
+            step = SchedulerOutput(scheduled, n + len(beside))
             with torch.inference_mode():
-                states.append(runner.launch_forward(step).hidden[:n].float().clone())
+                states.append(runner.launch_forward(step).hidden[: n + len(beside)].float().clone())
         hidden[graphs] = torch.cat(states)
         assert torch.isfinite(hidden[graphs]).all()
-    assert replays == [(768, 0), (512, 0)]
+    assert replays == [(768, 0), (512, 7)]
     error = float((hidden[True] - hidden[False]).abs().max() / hidden[False].abs().max())
     assert error < 2e-2, error
     spare = torch.ones(NUM_BLOCKS, dtype=torch.bool)
-    spare[blocks] = False
+    spare[blocks + [10, 11, 12, 20, 21]] = False
     assert not runner.kv_cache[:, :, spare.to(runner.kv_cache.device)].any()  # the zeroed cache, unwritten
 
 
