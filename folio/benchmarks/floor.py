@@ -19,6 +19,10 @@ Counting rules (docs/benchmarks.md states them for users):
 - FLOPs: 2 x (non-lm_head matmul params) per token fed, 2 x (lm_head params) per token sampled,
   and attention: 4 x heads x head_dim per (query, key) pair per layer (QK^T and PV), where
   every fed token attends to itself and all tokens before it.
+- Quantized runs (`weight_format`): the decoder's linear weights at their stored bytes (FP8: 1;
+  4-bit: 0.5 plus a group's scale and zero point), lm_head and norms at the model dtype, the K/V
+  at 1 byte with an FP8 cache; FP8 W8A8 products count at twice the 16-bit matrix rate (Hopper's
+  FP8 tensor cores), W4A16 ones at the 16-bit rate (they dequantize and multiply in 16 bits).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from folio.benchmarks.hardware import DeviceLimits
 from folio.benchmarks.workloads import Workload
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+_SCALE_BYTES = 2  # a 4-bit group's scale (16-bit); its zero point adds bits / 8 more
 
 
 @dataclass(frozen=True)
@@ -42,20 +47,24 @@ class ModelCost:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    itemsize: int  # bytes per weight and per KV element
+    itemsize: int  # bytes per weight (lm_head, norms, unquantized linears) and per KV element
     step_params: int  # parameters read by every forward pass (linears, lm_head, norms)
     body_matmul_params: int  # linear-layer weights other than lm_head: 2 FLOPs each per token fed
     lm_head_params: int  # 2 FLOPs each per token sampled
     sliding_window: int | None = None
+    body_weight_bytes: float | None = None  # bytes a non-lm_head linear weight takes; None: itemsize
+    kv_itemsize: int | None = None  # bytes per cached K/V element; None: itemsize
+    fp8_matmuls: bool = False  # the non-lm_head linears run on FP8 tensor cores (twice the rate)
 
     @property
     def weight_bytes_per_step(self) -> int:
-        return self.step_params * self.itemsize
+        body = self.itemsize if self.body_weight_bytes is None else self.body_weight_bytes
+        return round(self.body_matmul_params * body + (self.step_params - self.body_matmul_params) * self.itemsize)
 
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V of one token over all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.itemsize
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * (self.kv_itemsize or self.itemsize)
 
     @property
     def attention_flops_per_pair(self) -> int:
@@ -81,6 +90,7 @@ class Floor:
     flops: int
     output_tokens: int
     device: DeviceLimits | None
+    fp8_flops: int = 0  # the part of flops on FP8 tensor cores, at twice the measured 16-bit rate
 
     @property
     def total_bytes(self) -> int:
@@ -92,7 +102,7 @@ class Floor:
 
     @property
     def compute_time_s(self) -> float | None:
-        return self.flops / self.device.matmul_flops if self.device else None
+        return (self.flops - self.fp8_flops / 2) / self.device.matmul_flops if self.device else None
 
     @property
     def floor_time_s(self) -> float | None:
@@ -123,6 +133,7 @@ class Floor:
             "kv_write_bytes": self.kv_write_bytes,
             "total_bytes": self.total_bytes,
             "flops": self.flops,
+            "fp8_flops": self.fp8_flops,
             "memory_time_s": self.memory_time_s,
             "compute_time_s": self.compute_time_s,
             "floor_time_s": self.floor_time_s,
@@ -132,8 +143,10 @@ class Floor:
 
 
 # ---- model ---------------------------------------------------------------------------------
-def model_cost(model_path: str, dtype: str) -> ModelCost:
-    """Count a checkpoint's parameters by building its transformers model on the meta device."""
+def model_cost(model_path: str, dtype: str, quantization: str | None = None, kv_cache_dtype: str = "auto") -> ModelCost:
+    """Count a checkpoint's parameters by building its transformers model on the meta device;
+    quantization (as LLM(quantization=...) takes it, or the checkpoint's own) and kv_cache_dtype
+    set the bytes of its linear weights and of its cache (weight_format)."""
     import torch
     import transformers
 
@@ -157,7 +170,45 @@ def model_cost(model_path: str, dtype: str) -> ModelCost:
         body_matmul_params=body,
         lm_head_params=lm_head,
         sliding_window=_sliding_window(hf),
+        **weight_format(quantization, hf),
+        kv_itemsize=1 if kv_cache_dtype.startswith("fp8") else None,
     )
+
+
+def weight_format(quantization: str | None, hf: dict[str, Any]) -> dict[str, Any]:
+    """ModelCost's body_weight_bytes and fp8_matmuls for the scheme folio would run: the
+    requested one or the checkpoint's quantization_config (resolve_quantization's rules)."""
+    from folio.config.model import resolve_quantization
+
+    method = resolve_quantization(quantization, hf)
+    raw = hf.get("quantization_config") or {}
+    if method is None:
+        return {}
+    if method == "fp8":
+        return {"body_weight_bytes": 1.0, "fp8_matmuls": True}
+    if method == "int4-rtn":
+        return {"body_weight_bytes": _int_bytes(4, 128, zero=False)}
+    if method in ("gptq", "awq"):
+        return {"body_weight_bytes": _int_bytes(int(raw.get("bits", raw.get("w_bit", 4))),
+                                                int(raw.get("group_size", raw.get("q_group_size", 128))), zero=True)}
+    return _compressed_tensors_format(raw)
+
+
+def _int_bytes(bits: int, group: int, zero: bool) -> float:
+    per_group = _SCALE_BYTES + (bits / 8 if zero else 0)
+    return bits / 8 + (per_group / group if group > 0 else 0.0)
+
+
+def _compressed_tensors_format(raw: dict[str, Any]) -> dict[str, Any]:
+    """The first config group's weights: FP8 (with FP8 activations, FP8 matmuls) or integer."""
+    groups = [g for g in (raw.get("config_groups") or {}).values() if isinstance(g, dict)]
+    weights = (groups[0].get("weights") or {}) if groups else {}
+    acts = (groups[0].get("input_activations") or {}) if groups else {}
+    bits = int(weights.get("num_bits", 8))
+    if weights.get("type") == "float":
+        return {"body_weight_bytes": bits / 8, "fp8_matmuls": acts.get("type") == "float" and acts.get("num_bits") == 8}
+    group = int(weights.get("group_size") or -1)
+    return {"body_weight_bytes": _int_bytes(bits, group, zero=not weights.get("symmetric", True))}
 
 
 def _count_params(model: Any) -> tuple[int, int, int]:
@@ -235,6 +286,7 @@ def compute_floor(model: ModelCost, work: WorkloadCost, device: DeviceLimits | N
         + 2 * model.lm_head_params * work.tokens_sampled
         + model.attention_flops_per_pair * work.attention_pairs
     )
+    fp8 = 2 * model.body_matmul_params * work.tokens_fed if model.fp8_matmuls else 0
     return Floor(
         weight_bytes=model.weight_bytes_per_step * work.min_steps,
         kv_read_bytes=model.kv_bytes_per_token * work.kv_token_reads,
@@ -242,4 +294,5 @@ def compute_floor(model: ModelCost, work: WorkloadCost, device: DeviceLimits | N
         flops=flops,
         output_tokens=work.tokens_sampled,
         device=device,
+        fp8_flops=fp8,
     )

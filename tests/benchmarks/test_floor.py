@@ -87,6 +87,50 @@ def test_sliding_window_model(tmp_path):
     assert work.kv_token_reads == 64 * 10
 
 
+def test_quantized_weights_and_cache_count_their_own_bytes():
+    """FP8 weights: the decoder's linears at 1 byte (lm_head and norms stay 16-bit) and their
+    products at twice the matrix rate; an FP8 cache halves the K/V; 4-bit: half a byte plus a
+    16-bit scale a group of 128. Unquantized, nothing changes."""
+    bf16 = model_cost(LLAMA8B, "bfloat16")
+    fp8 = model_cost(LLAMA8B, "bfloat16", "fp8")
+    body, rest = bf16.body_matmul_params, bf16.step_params - bf16.body_matmul_params
+    assert bf16.weight_bytes_per_step == 2 * bf16.step_params
+    assert fp8.weight_bytes_per_step == body + 2 * rest
+    assert fp8.kv_bytes_per_token == bf16.kv_bytes_per_token == 128 * 1024
+    assert model_cost(LLAMA8B, "bfloat16", "fp8", "fp8").kv_bytes_per_token == 64 * 1024
+    int4 = model_cost(LLAMA8B, "bfloat16", "int4-rtn")
+    assert int4.weight_bytes_per_step == round(body * (0.5 + 2 / 128) + 2 * rest)
+    work = workload_cost(w1())
+    f16, f8 = compute_floor(bf16, work, H100), compute_floor(fp8, work, H100)
+    assert f8.flops == f16.flops and f8.fp8_flops == 2 * body * work.tokens_fed
+    assert f8.compute_time_s == pytest.approx((f16.flops - body * work.tokens_fed) / H100.matmul_flops)
+    # The weights were half of W1's bytes on the 8B; the K/V reads stay: ~1.30x the ceiling.
+    assert 1.25 < f8.ceiling_output_tok_s / f16.ceiling_output_tok_s < 1.35
+    assert compute_floor(int4, work, H100).compute_time_s == f16.compute_time_s
+
+
+def test_a_quantized_checkpoint_sets_the_format(tmp_path):
+    """The checkpoint's quantization_config, as folio would load it: GPTQ 4-bit (scale and packed
+    zero point a group), compressed-tensors FP8 dynamic (FP8 products) or W8A16 (16-bit ones)."""
+    with open(os.path.join(LLAMA8B, "config.json")) as f:
+        config = json.load(f)
+
+    def cost(quantization_config):
+        (tmp_path / "config.json").write_text(json.dumps(config | {"quantization_config": quantization_config}))
+        return model_cost(str(tmp_path), "bfloat16")
+
+    gptq = cost({"quant_method": "gptq", "bits": 4, "group_size": 64})
+    assert gptq.body_weight_bytes == pytest.approx(0.5 + 2.5 / 64) and not gptq.fp8_matmuls
+    fp8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}
+    assert (cost(fp8).body_weight_bytes, cost(fp8).fp8_matmuls) == (1.0, True)
+    del fp8["config_groups"]["group_0"]["input_activations"]
+    assert (cost(fp8).body_weight_bytes, cost(fp8).fp8_matmuls) == (1.0, False)
+    with pytest.raises(ValueError, match="does not match the checkpoint"):
+        model_cost(str(tmp_path), "bfloat16", "fp8")
+
+
 def test_no_device_no_floor_time(qwen3):
     floor = compute_floor(qwen3, workload_cost(w1()), None)
     assert floor.total_bytes > 0 and floor.floor_time_s is None and floor.fraction(1.0) is None

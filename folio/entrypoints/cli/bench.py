@@ -117,7 +117,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     if vllm_result is not None:
         report.peers.append(vllm_result)
     if not args.no_floor:
-        _add_floor(report)
+        _add_floor(report, engine_args)
     print(report.format_text())
     if args.json_path:
         report.write_json(args.json_path)
@@ -289,11 +289,12 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
         raise ValueError(f"{flag} takes comma-separated integers, got {text!r}.") from None
 
 
-def _add_floor(report: ThroughputReport) -> None:
+def _add_floor(report: ThroughputReport, engine_args: EngineArgs) -> None:
     from folio.benchmarks.floor import compute_floor, model_cost, workload_cost
 
     try:
-        report.model_cost = model_cost(report.model, report.dtype)
+        report.model_cost = model_cost(report.model, report.dtype, engine_args.quantization,
+                                       engine_args.kv_cache_dtype)
     except Exception as e:  # noqa: BLE001 - an architecture transformers cannot build: no floor
         report.notes.append(f"floor not computed: {type(e).__name__}: {e}")
         return
