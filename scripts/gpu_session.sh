@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama vs-vllm-short-qwen vs-vllm-short-llama vs-vllm-prefill-profile; short-ttft-qwen short-ttft-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode latency-gap prefill-gluon decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama vs-vllm-short-qwen vs-vllm-short-llama vs-vllm-prefill-profile vs-vllm-quant-llama; short-ttft-qwen short-ttft-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode latency-gap prefill-gluon decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -182,6 +182,18 @@ short-ttft-qwen|short-ttft-llama|vs-vllm-short-qwen|vs-vllm-short-llama) part $p
   case $p in vs-*) PEER="--peer vllm";; *) PEER="";; esac
   timeout 400 python3 -m folio bench latency --model $M --load-format dummy --dtype bfloat16 $PEER --prompt-lens $L \
     --batch-sizes "" --repeat 7 --json "$OUT/short-ttft-$N${PEER:+-vs-vllm}.json" 2>&1 | grep -vE "INFO|it/s" | tail -8 ;;
+vs-vllm-quant-llama) part $p  # issue 13: W1 on the 8B, bf16 then FP8 weights, each beside vLLM's own (QUANT_W1 picks)
+  # The trimmed vLLM bundle lacks `humming`, which vLLM's quantization registry imports (session 23:
+  # its FP8 run failed at start); FP8 never calls it, so an empty stand-in lets the import pass.
+  STUB=/tmp/vllm-stubs; mkdir -p $STUB/humming/utils
+  for m in __init__ layer schema dtypes config utils/__init__ utils/weight; do printf '%s\n' \
+    'class _Stub(type):' '    def __getattr__(cls, name): return _Stub(name, (), {})' \
+    'def __getattr__(name): return _Stub(name, (), {})' > $STUB/humming/$m.py; done
+  for Q in ${QUANT_W1:-bf16 fp8}; do
+    PYTHONPATH=$PYTHONPATH:$STUB timeout 400 python3 -m folio bench throughput --model $LLAMA $COMMON --workload w1 \
+      --temperature 0.6 $(quant_args $Q) --peer vllm --no-progress --json "$OUT/w1-llama-3.1-8b-$Q-vs-vllm.json" \
+      2> "$OUT/w1-llama-$Q-vs-vllm.log" | tail -22
+  done ;;
 w1-qwen-t06|w1-qwen-greedy|w1-llama-t06|vs-vllm-qwen|vs-vllm-llama) part $p
   case $p in *llama*) M=$LLAMA; N=llama-3.1-8b;; *) M=$QWEN; N=qwen3-0.6b;; esac
   case $p in *greedy) TEMPS="0";; vs-vllm-qwen) TEMPS="0.6 0";; *) TEMPS="0.6";; esac
