@@ -4,7 +4,7 @@
 #   peers-qwen peers-qwen-cb peers-qwen-generate peers-llama; issue 11: perf-tests kernels-prefill
 #   kernels-sampling latency-qwen latency-llama w1-qwen-t06 w1-qwen-greedy w1-llama-t06
 #   vllm-install, and with vLLM in /tmp/vsite: vs-vllm-qwen vs-vllm-llama vs-vllm-latency-qwen
-#   vs-vllm-latency-llama vs-vllm-short-qwen vs-vllm-short-llama vs-vllm-prefill-profile vs-vllm-quant-llama; short-ttft-qwen short-ttft-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode latency-gap prefill-gluon decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
+#   vs-vllm-latency-llama vs-vllm-short-qwen vs-vllm-short-llama vs-vllm-prefill-profile vs-vllm-quant-llama vs-vllm-serve-rate; short-ttft-qwen short-ttft-llama; this wave: wave-tests structured w1-tokenizer quant quant-w1 prefill-profile w1-profile kernels-decode kernels-fp8 fp8-tests kernels-quant kernels-quant-ab quant-decode latency-gap prefill-gluon decode-profile decode-splits pdl-ab decode-ab pdl-tests ncu-gemv tp spec-pair spec spec-timeline spec-profile lora dashboard)
 # vLLM (issue 11): copy /work/shared/tools/vllm-peer/install.sh and the parts made by its build.sh
 # into a carried folder, e.g. .vllm/{install.sh,v0,v1,v2}; `VLLM_PARTS=.vllm VLLM_NPARTS=3 bash
 # scripts/gpu_session.sh vllm-install` in each of the consecutive calls that carry a part.
@@ -64,6 +64,60 @@ serve-rate) part serve-rate  # requests arriving at a rate: new prompts join run
     --request-rate ${SERVE_RATE:-20} --ready-timeout 120 --warmup-requests 1 --no-progress \
     --json "$OUT/$p-graphs${SERVE_CHUNK_GRAPHS:-4096}-d${SERVE_CHUNK_GRAPH_DECODES:-1}${SERVE_TAG:-}.json" 2>&1 | grep -E "duration|Output token|TTFT|ITL|Failed"
   kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; grep -E "Captured|ERROR|Traceback" "$OUT/$p.log" | cut -c1-200 | head -5 ;;
+vs-vllm-serve-rate) part $p  # serve-rate's load on folio's server, then vLLM's OpenAI server, same folder and tokenizer
+  # The config-only folder gains a synthetic tokenizer of the model's vocabulary (both servers detokenize).
+  # vLLM's server imports modules its trimmed bundle lacks: VLLM_SERVER_WHEELS (a carried folder of
+  # wheels: watchfiles, prometheus_fastapi_instrumentator, model_hosting_container_standards and
+  # theirs) goes into its site; anything still missing gets an empty stand-in, named in the output.
+  CKPT=/tmp/qwen3-0.6b-tok; mkdir -p $CKPT; cp $QWEN/config.json $CKPT/
+  python3 -c "from folio.benchmarks.bench_tokenizer import build_bench_tokenizer as b; b(151936).save_pretrained('$CKPT')"
+  [ -n "${VLLM_SERVER_WHEELS:-}" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite \
+    "$VLLM_SERVER_WHEELS"/*.whl 2>&1 | tail -2
+  STUB=/tmp/vllm-stubs; rm -rf $STUB; mkdir -p $STUB
+  PYTHONPATH=/tmp/vsite:$STUB python3 - "$STUB" <<'PY'
+import importlib, os, sys
+stub = sys.argv[1]
+for _ in range(60):
+    try:
+        importlib.import_module("vllm.entrypoints.openai.api_server")
+        break
+    except ModuleNotFoundError as e:
+        folder = os.path.join(stub, *e.name.split("."))
+        if e.name.split(".")[0] == "vllm" or os.path.exists(folder):
+            raise
+        print("vLLM server: stand-in for", e.name)
+        parts = e.name.split(".")
+        for i in range(1, len(parts) + 1):  # a package a level, so that dotted imports resolve
+            os.makedirs(os.path.join(stub, *parts[:i]), exist_ok=True)
+            init = os.path.join(stub, *parts[:i], "__init__.py")
+            if not os.path.exists(init):
+                with open(init, "w") as f:
+                    f.write("__version__ = '0.0.0'\nclass _Stub(type):\n"  # a version: transformers parses it
+                            "    def __getattr__(cls, name): return _Stub(name, (), {})\n"
+                            "def __getattr__(name): return _Stub(name, (), {})\n")
+PY
+  PORT=18125
+  for S in folio vllm; do  # folio first: a vLLM engine process that outlives its server cannot then hold the memory
+    if [ $S = vllm ]; then
+      PYTHONPATH=/tmp/vsite:$STUB VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 timeout 400 python3 -m \
+        vllm.entrypoints.openai.api_server --model $CKPT --load-format dummy --dtype bfloat16 --max-model-len 4096 \
+        --served-model-name qwen3-0.6b --port $PORT > "$OUT/$p-$S.log" 2>&1 &
+    else
+      timeout 300 python3 -m folio serve --model $CKPT $COMMON --served-model-name qwen3-0.6b --port $PORT \
+        > "$OUT/$p-$S.log" 2>&1 &
+    fi
+    SERVER_PID=$!
+    for i in $(seq 1 150); do  # up to 300 s for the server; stop at once if it died
+      python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/v1/models', timeout=2)" 2>/dev/null && break
+      kill -0 $SERVER_PID 2>/dev/null || { echo "$S server exited"; break; }; sleep 2
+    done
+    kill -0 $SERVER_PID 2>/dev/null && timeout 390 python3 -m folio bench serve --base-url http://127.0.0.1:$PORT \
+      --model qwen3-0.6b --workload random --input-len ${SERVE_INPUT:-1000} --output-len ${SERVE_OUTPUT:-200} \
+      --num-prompts ${SERVE_PROMPTS:-300} --request-rate ${SERVE_RATE:-20} --ready-timeout 30 --warmup-requests 1 \
+      --no-progress --json "$OUT/$p-$S.json" 2>&1 | grep -E "duration|Output token|TTFT|ITL|Failed"
+    kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
+    grep -E "Error|Traceback" "$OUT/$p-$S.log" | cut -c1-200 | head -5
+  done ;;
 ingest) part ingest  # issue 11: W1's ramp on this host's CPU: the bench client alone, then the serve stack
   for C in asyncio httpx; do for M in null paused; do echo "client $C, $M:"
     timeout 100 python3 scripts/ingest_bench.py --mode $M --runs 7 --http-client $C --json "$OUT/ingest-$M-$C.json" 2>&1 | tail -1
