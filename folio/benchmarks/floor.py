@@ -19,9 +19,9 @@ Counting rules (docs/benchmarks.md states them for users):
 - FLOPs: 2 x (non-lm_head matmul params) per token fed, 2 x (lm_head params) per token sampled,
   and attention: 4 x heads x head_dim per (query, key) pair per layer (QK^T and PV), where
   every fed token attends to itself and all tokens before it.
-- Quantized runs (`weight_format`): the decoder's linear weights at their stored bytes (FP8: 1;
-  4-bit: 0.5 plus a group's scale and zero point), lm_head and norms at the model dtype, the K/V
-  at 1 byte with an FP8 cache; FP8 W8A8 products count at twice the 16-bit matrix rate (Hopper's
+- Quantized runs (`weight_format`): the decoder's linear weights at the bytes folio's kernels
+  read (FP8: 1; 4-bit: 0.5 plus a float32 scale a group, and a one-byte zero point when
+  asymmetric), lm_head and norms at the model dtype, the K/V at 1 byte with an FP8 cache; FP8 W8A8 products count at twice the 16-bit matrix rate (Hopper's
   FP8 tensor cores), W4A16 ones at the 16-bit rate (they dequantize and multiply in 16 bits).
 """
 
@@ -36,7 +36,10 @@ from folio.benchmarks.hardware import DeviceLimits
 from folio.benchmarks.workloads import Workload
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
-_SCALE_BYTES = 2  # a 4-bit group's scale (16-bit); its zero point adds bits / 8 more
+# What the W4A16 kernels read a group besides the weights (layers/quantization/w4a16.py): a
+# float32 scale, and a uint8 zero point when the checkpoint is asymmetric.
+_SCALE_BYTES = 4
+_ZERO_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -187,27 +190,34 @@ def weight_format(quantization: str | None, hf: dict[str, Any]) -> dict[str, Any
     if method == "fp8":
         return {"body_weight_bytes": 1.0, "fp8_matmuls": True}
     if method == "int4-rtn":
-        return {"body_weight_bytes": _int_bytes(4, 128, zero=False)}
+        from folio.layers.quantization.int4 import RTN_GROUP_SIZE
+
+        return {"body_weight_bytes": _int_bytes(4, RTN_GROUP_SIZE, zero=False)}
     if method in ("gptq", "awq"):
+        # int4.py's rules: GPTQ is symmetric unless sym is false, AWQ asymmetric unless zero_point is false.
+        zero = not raw.get("sym", True) if method == "gptq" else bool(raw.get("zero_point", True))
         return {"body_weight_bytes": _int_bytes(int(raw.get("bits", raw.get("w_bit", 4))),
-                                                int(raw.get("group_size", raw.get("q_group_size", 128))), zero=True)}
+                                                int(raw.get("group_size", raw.get("q_group_size", 128))), zero)}
     return _compressed_tensors_format(raw)
 
 
 def _int_bytes(bits: int, group: int, zero: bool) -> float:
-    per_group = _SCALE_BYTES + (bits / 8 if zero else 0)
+    """A weight's bytes; per channel (group -1) the scale and zero point are ~0 a weight."""
+    per_group = _SCALE_BYTES + (_ZERO_BYTES if zero else 0)
     return bits / 8 + (per_group / group if group > 0 else 0.0)
 
 
 def _compressed_tensors_format(raw: dict[str, Any]) -> dict[str, Any]:
-    """The first config group's weights: FP8 (with FP8 activations, FP8 matmuls) or integer."""
+    """The first config group's weights: FP8 (W8A8: FP8 matmuls) or 4-bit (W4A16), the schemes
+    compressed_tensors.py loads (it refuses the others before any run). Layers the checkpoint
+    leaves unquantized (`ignore`) are counted as quantized: the floor errs low by their share."""
     groups = [g for g in (raw.get("config_groups") or {}).values() if isinstance(g, dict)]
     weights = (groups[0].get("weights") or {}) if groups else {}
     acts = (groups[0].get("input_activations") or {}) if groups else {}
     bits = int(weights.get("num_bits", 8))
     if weights.get("type") == "float":
         return {"body_weight_bytes": bits / 8, "fp8_matmuls": acts.get("type") == "float" and acts.get("num_bits") == 8}
-    group = int(weights.get("group_size") or -1)
+    group = int(weights.get("group_size") or -1) if weights.get("strategy") == "group" else -1
     return {"body_weight_bytes": _int_bytes(bits, group, zero=not weights.get("symmetric", True))}
 
 

@@ -89,8 +89,9 @@ def test_sliding_window_model(tmp_path):
 
 def test_quantized_weights_and_cache_count_their_own_bytes():
     """FP8 weights: the decoder's linears at 1 byte (lm_head and norms stay 16-bit) and their
-    products at twice the matrix rate; an FP8 cache halves the K/V; 4-bit: half a byte plus a
-    16-bit scale a group of 128. Unquantized, nothing changes."""
+    products at twice the matrix rate; an FP8 cache halves the K/V; 4-bit (RTN, symmetric): half a
+    byte plus a float32 scale a group of 128, as the W4A16 kernels read them. Unquantized,
+    nothing changes."""
     bf16 = model_cost(LLAMA8B, "bfloat16")
     fp8 = model_cost(LLAMA8B, "bfloat16", "fp8")
     body, rest = bf16.body_matmul_params, bf16.step_params - bf16.body_matmul_params
@@ -99,7 +100,7 @@ def test_quantized_weights_and_cache_count_their_own_bytes():
     assert fp8.kv_bytes_per_token == bf16.kv_bytes_per_token == 128 * 1024
     assert model_cost(LLAMA8B, "bfloat16", "fp8", "fp8").kv_bytes_per_token == 64 * 1024
     int4 = model_cost(LLAMA8B, "bfloat16", "int4-rtn")
-    assert int4.weight_bytes_per_step == round(body * (0.5 + 2 / 128) + 2 * rest)
+    assert int4.weight_bytes_per_step == round(body * (0.5 + 4 / 128) + 2 * rest)
     work = workload_cost(w1())
     f16, f8 = compute_floor(bf16, work, H100), compute_floor(fp8, work, H100)
     assert f8.flops == f16.flops and f8.fp8_flops == 2 * body * work.tokens_fed
@@ -110,8 +111,9 @@ def test_quantized_weights_and_cache_count_their_own_bytes():
 
 
 def test_a_quantized_checkpoint_sets_the_format(tmp_path):
-    """The checkpoint's quantization_config, as folio would load it: GPTQ 4-bit (scale and packed
-    zero point a group), compressed-tensors FP8 dynamic (FP8 products) or W8A16 (16-bit ones)."""
+    """The checkpoint's quantization_config, as folio would load it: GPTQ 4-bit (a float32 scale a
+    group; a uint8 zero point only when asymmetric), AWQ (asymmetric unless zero_point is false),
+    compressed-tensors FP8 dynamic (FP8 products) and pack-quantized 4-bit."""
     with open(os.path.join(LLAMA8B, "config.json")) as f:
         config = json.load(f)
 
@@ -119,14 +121,18 @@ def test_a_quantized_checkpoint_sets_the_format(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps(config | {"quantization_config": quantization_config}))
         return model_cost(str(tmp_path), "bfloat16")
 
-    gptq = cost({"quant_method": "gptq", "bits": 4, "group_size": 64})
-    assert gptq.body_weight_bytes == pytest.approx(0.5 + 2.5 / 64) and not gptq.fp8_matmuls
+    gptq = cost({"quant_method": "gptq", "bits": 4, "group_size": 64})  # sym: true by default
+    assert gptq.body_weight_bytes == pytest.approx(0.5 + 4 / 64) and not gptq.fp8_matmuls
+    assert cost({"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": False}).body_weight_bytes == 0.5 + 5 / 64
+    assert cost({"quant_method": "awq", "bits": 4, "group_size": 128}).body_weight_bytes == 0.5 + 5 / 128
+    assert cost({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False}).body_weight_bytes == 0.5 + 4 / 128
     fp8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
         "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
         "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}
     assert (cost(fp8).body_weight_bytes, cost(fp8).fp8_matmuls) == (1.0, True)
-    del fp8["config_groups"]["group_0"]["input_activations"]
-    assert (cost(fp8).body_weight_bytes, cost(fp8).fp8_matmuls) == (1.0, False)
+    int4 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True}}}}
+    assert (cost(int4).body_weight_bytes, cost(int4).fp8_matmuls) == (0.5 + 4 / 32, False)
     with pytest.raises(ValueError, match="does not match the checkpoint"):
         model_cost(str(tmp_path), "bfloat16", "fp8")
 
