@@ -71,17 +71,20 @@ vs-vllm-serve-rate) part $p  # serve-rate's load on folio's server, then vLLM's 
   # theirs) goes into its site; anything still missing gets an empty stand-in, named in the output.
   CKPT=/tmp/qwen3-0.6b-tok; mkdir -p $CKPT; cp $QWEN/config.json $CKPT/
   python3 -c "from folio.benchmarks.bench_tokenizer import build_bench_tokenizer as b; b(151936).save_pretrained('$CKPT')"
-  [ -n "${VLLM_SERVER_WHEELS:-}" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite \
+  [ -n "${VLLM_SERVER_WHEELS:-}" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite \
     "$VLLM_SERVER_WHEELS"/*.whl 2>&1 | tail -2
-  STUB=/tmp/vllm-stubs; rm -rf $STUB; mkdir -p $STUB
+  STUB=/tmp/vllm-stubs-server; rm -rf $STUB; mkdir -p $STUB  # this part's own: other parts never import them
   PYTHONPATH=/tmp/vsite:$STUB python3 - "$STUB" <<'PY'
 import importlib, os, sys
 stub = sys.argv[1]
 for _ in range(60):
+    importlib.invalidate_caches()
     try:
         importlib.import_module("vllm.entrypoints.openai.api_server")
         break
     except ModuleNotFoundError as e:
+        if not e.name:
+            raise
         folder = os.path.join(stub, *e.name.split("."))
         if e.name.split(".")[0] == "vllm" or os.path.exists(folder):
             raise
@@ -95,6 +98,8 @@ for _ in range(60):
                     f.write("__version__ = '0.0.0'\nclass _Stub(type):\n"  # a version: transformers parses it
                             "    def __getattr__(cls, name): return _Stub(name, (), {})\n"
                             "def __getattr__(name): return _Stub(name, (), {})\n")
+else:
+    print("vLLM server: still missing modules after 60 stand-ins")
 PY
   PORT=18125
   for S in folio vllm; do  # folio first: a vLLM engine process that outlives its server cannot then hold the memory
@@ -103,7 +108,7 @@ PY
         vllm.entrypoints.openai.api_server --model $CKPT --load-format dummy --dtype bfloat16 --max-model-len 4096 \
         --served-model-name qwen3-0.6b --port $PORT > "$OUT/$p-$S.log" 2>&1 &
     else
-      timeout 300 python3 -m folio serve --model $CKPT $COMMON --served-model-name qwen3-0.6b --port $PORT \
+      timeout 150 python3 -m folio serve --model $CKPT $COMMON --served-model-name qwen3-0.6b --port $PORT \
         > "$OUT/$p-$S.log" 2>&1 &
     fi
     SERVER_PID=$!
@@ -239,7 +244,7 @@ short-ttft-qwen|short-ttft-llama|vs-vllm-short-qwen|vs-vllm-short-llama) part $p
 vs-vllm-quant-llama) part $p  # issue 13: W1 on the 8B, bf16 then FP8 weights, each beside vLLM's own (QUANT_W1 picks)
   # The trimmed vLLM bundle lacks `humming`, which vLLM's quantization registry imports (session 23:
   # its FP8 run failed at start); FP8 never calls it, so an empty stand-in lets the import pass.
-  STUB=/tmp/vllm-stubs; mkdir -p $STUB/humming/utils
+  STUB=/tmp/vllm-stubs-quant; rm -rf $STUB; mkdir -p $STUB/humming/utils
   for m in __init__ layer schema dtypes config utils/__init__ utils/weight; do printf '%s\n' \
     'class _Stub(type):' '    def __getattr__(cls, name): return _Stub(name, (), {})' \
     'def __getattr__(name): return _Stub(name, (), {})' > $STUB/humming/$m.py; done

@@ -15,9 +15,9 @@ A graph's key is (chunk tokens, decode slots). A chunk alone replays (size, 0), 
 request joining a running batch: the steps that otherwise stall every decode for a whole eager
 forward) replays (t, slots) with t from MIXED_TOKENS (coarser, up to the cap) and slots from
 DECODE_SLOTS: the decodes are sequences of one token, padded with empty sequences.
-FOLIO_CHUNK_GRAPH_DECODES=0 keeps those steps eager (the A/B switch; session 24, H100, the 0.6B
-served at 20 requests a second: mean time to first token 32-41 -> 10-11 ms, p99 inter-token
-latency 20-26 -> 3.9 ms).
+FOLIO_CHUNK_GRAPH_DECODES=0 keeps those steps eager (the A/B switch; H100, the 0.6B served at 20
+requests a second: mean time to first token 32-41 -> 10-11 ms against all chunk graphs off, session
+24; 57 -> 13 ms against chunk-alone graphs only, session 25; p99 inter-token latency ~20-38 -> ~4 ms).
 
 The cap: padding costs GPU work, launches saved cost host time, so the cap is where the GPU work
 of the padded chunk would stop hiding behind the host: an eager layer launches in
@@ -43,8 +43,10 @@ SMALL_SIZES = (16, 32, 64, 128, 256)
 STEP = 256
 MIXED_TOKENS = (64, 256, 512, 1024, 2048, 4096)  # chunk buckets of the graphs with decodes
 # Decodes those graphs hold (at most max_num_seqs - 1). 7: a chunk beside 1-7 decodes is at most 8
-# sequences, which keeps the long-chunk attention kernels (triton_backend.PREFILL_MAX_SEQS), as
-# the eager step would; the larger slot counts freeze the mixed-batch kernel.
+# sequences (triton_backend.PREFILL_MAX_SEQS), so a graph of >= 256 chunk tokens was captured with
+# the long-chunk attention kernels, as an eager step of a long chunk would take; the larger slot
+# counts freeze the mixed-batch kernel. (Padding can move a shorter chunk to another kernel than
+# its eager step's: the same attention, other tiles.)
 DECODE_SLOTS = (7, 16, 64, 256)
 ChunkKey = tuple[int, int]  # (chunk tokens, decode slots) of a chunk graph
 
@@ -76,8 +78,8 @@ def linear_params_per_token(model: ModelConfig, tp_size: int = 1) -> int:
 def chunk_graph_bytes(model: ModelConfig, keys: list[ChunkKey], itemsize: int, tp_size: int = 1) -> int:
     """What the chunk graphs add to the graphs' memory pool: the live activations of one decoder
     layer at the largest key's tokens (q, k, v, the attention's output, gate/up, SiLU's output,
-    three hidden-sized tensors a token) and every graph's output [tokens, hidden]. Session 24's
-    0.6B: ~0.29 GB for 38 graphs; the pool grew 0.16 GiB for its first 20."""
+    three hidden-sized tensors a token) and every graph's output [tokens, hidden]. The 0.6B's 44
+    graphs: ~0.3 GB; its pool grew 0.16 GiB for its first 20 (session 24)."""
     if not keys:
         return 0
     hidden, q, kv, inter = _widths(model)
