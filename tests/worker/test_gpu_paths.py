@@ -117,10 +117,12 @@ def test_float32_chunk_graphs_give_the_torch_path_tokens(checkpoint, monkeypatch
 
 def test_chunk_graphs_equal_the_eager_step_on_the_gluon_kernel(tmp_path):
     """A bf16 model with head_dim 128 (the Gluon prefill on Hopper): a 700-token prompt chunk, then
-    the next 300 tokens on its cached 700 beside two decodes, replay the (768, 0) and (512, 7)
-    chunk graphs (8 sequences: the capture took the Gluon kernel, as the eager step does); their
-    hidden states equal the eager steps' within bf16 rounding (cuBLAS may tile the padded GEMMs
-    differently), the padded rows stay out of the cache."""
+    the next 300 tokens on its cached 700 beside two decodes, then another request's 255-token
+    prompt beside them (257 tokens: over the per-token graphs), replay the (768, 0), (512, 7) and
+    (256, 7) chunk graphs (8 sequences: the captures took the Gluon kernel, which the eager
+    300-token step takes too and the eager 255-token one does not: under 256 tokens it takes the
+    mixed kernel); their hidden states equal the eager steps' within bf16 rounding (cuBLAS may
+    tile the padded GEMMs differently), the padded rows stay out of the cache."""
     path = make_tiny_checkpoint("qwen3", tmp_path / "q", hidden_size=256, intermediate_size=512, num_attention_heads=4,
                                 num_key_value_heads=2, head_dim=128, max_position_embeddings=4096)
     args = EngineArgs(model=path, dtype="bfloat16", device="cuda", num_gpu_blocks_override=NUM_BLOCKS, max_num_seqs=16)
@@ -130,6 +132,7 @@ def test_chunk_graphs_equal_the_eager_step_on_the_gluon_kernel(tmp_path):
     rng = random.Random(4)
     prompt = [rng.randrange(3, 1000) for _ in range(1000)]
     blocks = list(range(100, 100 + 1000 // 16 + 1))
+    short, short_blocks = [rng.randrange(3, 1000) for _ in range(255)], list(range(30, 46))
     # Two running requests, each decoding its next token on 39 / 20 cached ones (whatever the
     # cache holds there: both modes read the same).
     decoders = [(Request(f"d{i}", [rng.randrange(3, 1000) for _ in range(n + 1)], SamplingParams(max_tokens=4)), n, b)
@@ -140,24 +143,26 @@ def test_chunk_graphs_equal_the_eager_step_on_the_gluon_kernel(tmp_path):
     hidden = {}
     for graphs in (False, True):
         request = Request(f"r{graphs}", prompt, SamplingParams(max_tokens=1))
+        other = Request(f"s{graphs}", short, SamplingParams(max_tokens=1))
         if not graphs:
             runner._chunk_bucket = lambda so: None
         else:
             del runner._chunk_bucket
         states = []
-        for start, n, beside in ((0, 700, []), (700, 300, decoders)):
-            scheduled = [ScheduledRequest(request, start, n, blocks, start + n == len(prompt))]
+        for req, start, n, beside in ((request, 0, 700, []), (request, 700, 300, decoders), (other, 0, 255, decoders)):
+            table = blocks if req is request else short_blocks
+            scheduled = [ScheduledRequest(req, start, n, table, start + n == len(req.prompt_token_ids))]
             scheduled += [ScheduledRequest(d, k, 1, b, False) for d, k, b in beside]
             step = SchedulerOutput(scheduled, n + len(beside))
             with torch.inference_mode():
                 states.append(runner.launch_forward(step).hidden[: n + len(beside)].float().clone())
         hidden[graphs] = torch.cat(states)
         assert torch.isfinite(hidden[graphs]).all()
-    assert replays == [(768, 0), (512, 7)]
+    assert replays == [(768, 0), (512, 7), (256, 7)]
     error = float((hidden[True] - hidden[False]).abs().max() / hidden[False].abs().max())
     assert error < 2e-2, error
     spare = torch.ones(NUM_BLOCKS, dtype=torch.bool)
-    spare[blocks + [10, 11, 12, 20, 21]] = False
+    spare[blocks + short_blocks + [10, 11, 12, 20, 21]] = False
     assert not runner.kv_cache[:, :, spare.to(runner.kv_cache.device)].any()  # the zeroed cache, unwritten
 
 
