@@ -389,25 +389,3 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, num_sms: int, max_splits
         return 1
     return min(next_power_of_2(-(-target // programs)), max_splits)
 
-
-def paged_decode_reference(
-    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
-    query_start_loc_cpu: list[int],
-    seq_lens_cpu: list[int],
-    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
-    scale: float,
-    sliding_window: int | None = None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], zeros where nothing was computed
-    """Plain torch: the one-token case of the unified reference, padding sequences skipped."""
-    from folio.attention.backends.torch_ref import attend, gather_context
-
-    out = torch.zeros_like(query)
-    for i, seq_len in enumerate(seq_lens_cpu):
-        start, end = query_start_loc_cpu[i], query_start_loc_cpu[i + 1]
-        if end > start and seq_len > 0:
-            key, value = gather_context(kv_cache, block_tables[i], seq_len, k_scale, v_scale)
-            out[start:end] = attend(query[start:end], key, value, scale, sliding_window)
-    return out
