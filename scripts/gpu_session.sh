@@ -66,9 +66,14 @@ serve-rate) part serve-rate  # requests arriving at a rate: new prompts join run
   kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; grep -E "Captured|ERROR|Traceback" "$OUT/$p.log" | cut -c1-200 | head -5 ;;
 vs-vllm-serve-rate) part $p  # serve-rate's load on folio's server, then vLLM's OpenAI server, same folder and tokenizer
   # The config-only folder gains a synthetic tokenizer of the model's vocabulary (both servers detokenize).
-  # vLLM's server imports modules its trimmed bundle lacks: VLLM_SERVER_WHEELS (a carried folder of
-  # wheels: watchfiles, prometheus_fastapi_instrumentator, model_hosting_container_standards and
-  # theirs) goes into its site; anything still missing gets an empty stand-in, named in the output.
+  # vLLM's server imports modules its trimmed bundle lacks: VLLM_SERVER_WHEELS (a folder of wheels)
+  # goes into its site; anything still missing gets an empty stand-in, named in the output. Session
+  # 25's folder (16 MB): `pip download --no-deps --only-binary=:all: --python-version 3.12
+  # --implementation cp --platform manylinux2014_x86_64 watchfiles prometheus_fastapi_instrumentator
+  # model_hosting_container_standards jmespath supervisor mistral_common pydantic_extra_types
+  # pycountry ijson` plus .whl's jsonschema, jsonschema_specifications, referencing and rpds_py.
+  # With a vLLM part and .whl it passes a call's 64 MiB: carry it in the first part's call and
+  # copy it to /tmp there (cp -r .vllm/extra /tmp/vllm-extra; VLLM_SERVER_WHEELS=/tmp/vllm-extra).
   CKPT=/tmp/qwen3-0.6b-tok; mkdir -p $CKPT; cp $QWEN/config.json $CKPT/
   python3 -c "from folio.benchmarks.bench_tokenizer import build_bench_tokenizer as b; b(151936).save_pretrained('$CKPT')"
   [ -n "${VLLM_SERVER_WHEELS:-}" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite \
