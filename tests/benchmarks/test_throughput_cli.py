@@ -52,7 +52,7 @@ def test_folio_and_both_transformers_peers(tmp_path, capsys):
 
 def test_config_only_folder_with_dummy_weights(tmp_path, capsys):
     """What the GPU runs do with folio/benchmarks/configs: no weights, no tokenizer."""
-    model = make_tiny_checkpoint("qwen3", tmp_path / "full")
+    make_tiny_checkpoint("qwen3", tmp_path / "full")
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "config.json").write_text((tmp_path / "full" / "config.json").read_text())
@@ -62,6 +62,20 @@ def test_config_only_folder_with_dummy_weights(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "transformers generate" in text and "failed" not in text
     assert os.listdir(bare) == ["config.json"]
+
+
+def test_the_floor_counts_the_run_s_quantization(tmp_path):
+    """An FP8 run (weights quantized on load, an FP8 KV cache) is measured against a floor of
+    1-byte linear weights and K/V, not the checkpoint's 16-bit ones."""
+    model = make_tiny_checkpoint("llama", tmp_path / "llama")
+    floors = {}
+    for name, extra in (("bf16", []), ("fp8", ["--quantization", "fp8", "--kv-cache-dtype", "fp8"])):
+        out = tmp_path / f"{name}.json"
+        assert _bench(["--model", model, "--dtype", "bfloat16", *WORKLOAD_ARGS, *extra, "--json", str(out)]) == 0
+        floors[name] = json.loads(out.read_text())["floor"]
+    assert floors["fp8"]["kv_read_bytes"] * 2 == floors["bf16"]["kv_read_bytes"]
+    assert floors["fp8"]["weight_bytes"] < floors["bf16"]["weight_bytes"]
+    assert floors["fp8"]["fp8_flops"] > 0 == floors["bf16"]["fp8_flops"]
 
 
 def test_workload_must_fit_the_model(tmp_path, capsys):
