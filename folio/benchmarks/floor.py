@@ -21,8 +21,9 @@ Counting rules (docs/benchmarks.md states them for users):
   every fed token attends to itself and all tokens before it.
 - Quantized runs (`weight_format`): the decoder's linear weights at the bytes folio's kernels
   read (FP8: 1; 4-bit: 0.5 plus a float32 scale a group, and a one-byte zero point when
-  asymmetric), lm_head and norms at the model dtype, the K/V at 1 byte with an FP8 cache; FP8 W8A8 products count at twice the 16-bit matrix rate (Hopper's
-  FP8 tensor cores), W4A16 ones at the 16-bit rate (they dequantize and multiply in 16 bits).
+  asymmetric), lm_head and norms at the model dtype, the K/V at 1 byte with an FP8 cache. FP8
+  W8A8 products count at twice the 16-bit matrix rate (Hopper's FP8 tensor cores), W4A16 ones
+  at the 16-bit rate (they dequantize and multiply in 16 bits).
 """
 
 from __future__ import annotations

@@ -113,7 +113,8 @@ def chunk_graph_sizes(cap: int) -> list[int]:
 def _decodes_from_env() -> bool:
     raw = os.environ.get("FOLIO_CHUNK_GRAPH_DECODES", "1")
     if raw not in ("0", "1"):
-        raise ValueError(f"FOLIO_CHUNK_GRAPH_DECODES={raw!r}: expected 1 (the default) or 0 (no graphs beside decodes).")
+        raise ValueError(f"FOLIO_CHUNK_GRAPH_DECODES={raw!r}: expected 1 (the default) or 0 "
+                         "(no graphs beside decodes).")
     return raw == "1"
 
 

@@ -125,7 +125,8 @@ def test_a_quantized_checkpoint_sets_the_format(tmp_path):
     assert gptq.body_weight_bytes == pytest.approx(0.5 + 4 / 64) and not gptq.fp8_matmuls
     assert cost({"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": False}).body_weight_bytes == 0.5 + 5 / 64
     assert cost({"quant_method": "awq", "bits": 4, "group_size": 128}).body_weight_bytes == 0.5 + 5 / 128
-    assert cost({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False}).body_weight_bytes == 0.5 + 4 / 128
+    symmetric_awq = cost({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False})
+    assert symmetric_awq.body_weight_bytes == 0.5 + 4 / 128
     fp8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
         "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
         "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}
