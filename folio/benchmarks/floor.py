@@ -41,6 +41,7 @@ _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 # float32 scale, and a uint8 zero point when the checkpoint is asymmetric.
 _SCALE_BYTES = 4
 _ZERO_BYTES = 1
+_BODY_LAYER = "model.layers.0.mlp.down_proj"  # a decoder linear layer: the method most of them get
 
 
 @dataclass(frozen=True)
@@ -180,46 +181,24 @@ def model_cost(model_path: str, dtype: str, quantization: str | None = None, kv_
 
 
 def weight_format(quantization: str | None, hf: dict[str, Any]) -> dict[str, Any]:
-    """ModelCost's body_weight_bytes and fp8_matmuls for the scheme folio would run: the
-    requested one or the checkpoint's quantization_config (resolve_quantization's rules)."""
+    """ModelCost's body_weight_bytes and fp8_matmuls for what folio would run: the scheme
+    (resolve_quantization's rules) as the loader builds it, asked for a decoder layer's method.
+    Layers a checkpoint leaves unquantized count as that layer: the floor errs low by their share."""
     from folio.config.model import resolve_quantization
+    from folio.layers.quantization import build_quantization_config
+    from folio.layers.quantization.fp8 import Fp8LinearMethod
+    from folio.layers.quantization.w4a16 import W4A16LinearMethod
 
-    method = resolve_quantization(quantization, hf)
-    raw = hf.get("quantization_config") or {}
-    if method is None:
+    name = resolve_quantization(quantization, hf)
+    if name is None:
         return {}
-    if method == "fp8":
+    method = build_quantization_config(name, hf.get("quantization_config") or {}).get_linear_method(_BODY_LAYER)
+    if isinstance(method, Fp8LinearMethod):
         return {"body_weight_bytes": 1.0, "fp8_matmuls": True}
-    if method == "int4-rtn":
-        from folio.layers.quantization.int4 import RTN_GROUP_SIZE
-
-        return {"body_weight_bytes": _int_bytes(4, RTN_GROUP_SIZE, zero=False)}
-    if method in ("gptq", "awq"):
-        # int4.py's rules: GPTQ is symmetric unless sym is false, AWQ asymmetric unless zero_point is false.
-        zero = not raw.get("sym", True) if method == "gptq" else bool(raw.get("zero_point", True))
-        return {"body_weight_bytes": _int_bytes(int(raw.get("bits", raw.get("w_bit", 4))),
-                                                int(raw.get("group_size", raw.get("q_group_size", 128))), zero)}
-    return _compressed_tensors_format(raw)
-
-
-def _int_bytes(bits: int, group: int, zero: bool) -> float:
-    """A weight's bytes; per channel (group -1) the scale and zero point are ~0 a weight."""
-    per_group = _SCALE_BYTES + (_ZERO_BYTES if zero else 0)
-    return bits / 8 + (per_group / group if group > 0 else 0.0)
-
-
-def _compressed_tensors_format(raw: dict[str, Any]) -> dict[str, Any]:
-    """The first config group's weights: FP8 (W8A8: FP8 matmuls) or 4-bit (W4A16), the schemes
-    compressed_tensors.py loads (it refuses the others before any run). Layers the checkpoint
-    leaves unquantized (`ignore`) are counted as quantized: the floor errs low by their share."""
-    groups = [g for g in (raw.get("config_groups") or {}).values() if isinstance(g, dict)]
-    weights = (groups[0].get("weights") or {}) if groups else {}
-    acts = (groups[0].get("input_activations") or {}) if groups else {}
-    bits = int(weights.get("num_bits", 8))
-    if weights.get("type") == "float":
-        return {"body_weight_bytes": bits / 8, "fp8_matmuls": acts.get("type") == "float" and acts.get("num_bits") == 8}
-    group = int(weights.get("group_size") or -1) if weights.get("strategy") == "group" else -1
-    return {"body_weight_bytes": _int_bytes(bits, group, zero=not weights.get("symmetric", True))}
+    if isinstance(method, W4A16LinearMethod):
+        per_group = _SCALE_BYTES + (0 if method.symmetric else _ZERO_BYTES)
+        return {"body_weight_bytes": 0.5 + (per_group / method.group_size if method.group_size > 0 else 0.0)}
+    return {}
 
 
 def _count_params(model: Any) -> tuple[int, int, int]:

@@ -127,11 +127,12 @@ def test_a_quantized_checkpoint_sets_the_format(tmp_path):
     assert cost({"quant_method": "awq", "bits": 4, "group_size": 128}).body_weight_bytes == 0.5 + 5 / 128
     symmetric_awq = cost({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": False})
     assert symmetric_awq.body_weight_bytes == 0.5 + 4 / 128
-    fp8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+    fp8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"targets": ["Linear"],
         "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
-        "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}
+        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}
     assert (cost(fp8).body_weight_bytes, cost(fp8).fp8_matmuls) == (1.0, True)
-    int4 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+    int4 = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"],
         "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True}}}}
     assert (cost(int4).body_weight_bytes, cost(int4).fp8_matmuls) == (0.5 + 4 / 32, False)
     with pytest.raises(ValueError, match="does not match the checkpoint"):

@@ -29,11 +29,16 @@ def get_quantization_config(model_config: ModelConfig) -> QuantizationConfig | N
     name = model_config.quantization
     if name is None:
         return None
+    return build_quantization_config(name, model_config.quantization_config)
+
+
+def build_quantization_config(name: str, quantization_config: dict) -> QuantizationConfig:
+    """The scheme `name` (a resolved ModelConfig.quantization) from a quantization_config."""
     if name not in _CONFIGS:
         raise ValueError(f"Quantization {name!r} is not implemented yet.")
     module_name, class_name = _CONFIGS[name]
     cls = getattr(importlib.import_module(module_name), class_name)
-    return cls.from_config(model_config.quantization_config)
+    return cls.from_config(quantization_config)
 
 
 def linear_methods(model: nn.Module) -> list[tuple[nn.Module, LinearMethod]]:
