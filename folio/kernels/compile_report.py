@@ -174,7 +174,7 @@ def _launch_gluon_shapes(dtype: torch.dtype) -> list[str]:
     """The Gluon prefill at every shape `supports` admits (--gluon-shapes). ptxas allocates
     registers per compilation and serializes every wgmma of the kernel when one partition runs
     short (session 19), so each shape is checked for serialized wgmma, spills, its shared memory,
-    and a write to a running wgmma's register operand (none today: P V reads P from shared memory)."""
+    and a write to a running wgmma's register operand (P, the A operand of P V, sits in registers)."""
     from folio.kernels import prefill_attention_hopper as hopper
 
     qsl, lens = torch.arange(9, dtype=torch.int32), torch.full((8,), 100, dtype=torch.int32)

@@ -8,10 +8,13 @@ tokens x the GROUP heads of one KV head, q in shared memory for the whole loop.
 - `hopper_kv_loader.kv_loader` (the default partition): one TMA box per run of keys in a block, K
   and V in rings of their own (K(j+1) handed back once S(j+1) is done, V(j) once P(j) V(j) is).
 - `_consumer` (two 64-row worker partitions), step j: in this warpgroup's turn (named barriers 8
-  and 9) issue S(j+1) = q K(j+1)^T and P(j) V(j), hand the turn over, and run tile j + 1's softmax
-  under the other's products. Tiles are 128 keys, so that the softmax and its fixed costs fit
-  under them (at 64 keys they did not). P goes through shared memory: with P as a register operand
-  carried across the loop, ptxas serializes every wgmma of a worker partition (C7512).
+  and 9) issue S(j+1) = q K(j+1)^T and P(j) V(j), hand the turn over, run tile j + 1's softmax
+  under the other's products, wait for P(j) V(j) and pack P(j+1). Tiles are 128 keys, so that the
+  softmax and its fixed costs fit under them (at 64 keys they did not). P is P V's A operand in
+  registers, as in FlashAttention-3 (5-10% faster than P through shared memory, session 26):
+  nothing is in flight across the loop's back edge, which is what made ptxas serialize every
+  wgmma of a worker partition before (C7512, sessions 18-19). ptxas places the wait for P(j) V(j)
+  before the exponentials, so a warpgroup's softmax runs under the other's products only.
 - Tiles the block sees in full are unmasked, the diagonal's masked (two loops: ptxas waits for
   every pending wgmma where control flow joins). Boxes read whole blocks, so a tile that reaches
   past the sequence's end has its stale V rows zeroed in shared memory first (P = 0 there, but
@@ -32,6 +35,7 @@ import functools
 import torch
 
 from folio.kernels.paged_attention import LOG2_E, check_attention_inputs, check_output
+from folio.kernels.sass_checks import check_no_wgmma_race
 from folio.kernels.triton_compat import check_same_device
 
 try:
@@ -41,7 +45,6 @@ try:
         fence_async_shared,
         mbarrier,
         warpgroup_mma,
-        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
 
@@ -55,7 +58,8 @@ BLOCK_M = 128  # rows a program: two consumer warpgroups of 64
 TILE_N = 128  # keys a step
 K_STAGES = 2  # K tiles in their ring (tile j + 1 in use, j + 2 loading)
 V_STAGES = 2  # V tiles in theirs (tile j in use, j + 1 loading)
-P_BUFFERS = 2  # P tiles a consumer: P(j+1) is written while P(j) V(j) reads P(j)
+# With P in registers 3 stages of each fit (229,376 bytes); measured mixed, -4% to +4% against 2
+# across chunk shapes (session 26), so 2 stay.
 LOADER_WARPS = 4  # the default partition: warp specialisation hands out whole warpgroups
 # 4 loader + 8 consumer warps share the register file, so the launch caps a thread at WS_MAXNREG
 # (12 warps x 32 x 168 <= 65,536); the consumers raise theirs to CONSUMER_REGS by setmaxnreg
@@ -145,19 +149,15 @@ if HAS_GLUON:
         gl.thread_barrier()
 
     @gluon.jit
-    def _step(j, acc, alpha, m_i, l_i, q_half, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, k_hi,
-              seq_end, q_pos, scale_log2, zeros_s, HALF: gl.constexpr, MASKED: gl.constexpr, TILE_N: gl.constexpr,
-              KS: gl.constexpr, VS: gl.constexpr, PB: gl.constexpr, o_rows: gl.constexpr, s_cols: gl.constexpr,
-              load_layout: gl.constexpr, PINGPONG: gl.constexpr):
-        """Step j of one consumer: wait for P(j-1) V(j-1) (left running under the last softmax; waiting
-        here, not after the softmax, keeps ptxas from hoisting the wait above the exponentials) and
-        hand V(j-1) back; issue S(j+1) and P(j) V(j) in this warpgroup's turn; hand K(j+1) back once
-        S(j+1) is done; tile j + 1's softmax; P(j+1) into the other P buffer."""
+    def _step(j, acc, p_cur, m_i, l_i, q_half, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, k_hi, seq_end,
+              q_pos, scale_log2, zeros_s, HALF: gl.constexpr, MASKED: gl.constexpr, TILE_N: gl.constexpr,
+              KS: gl.constexpr, VS: gl.constexpr, o_rows: gl.constexpr, s_cols: gl.constexpr,
+              load_layout: gl.constexpr, p_layout: gl.constexpr, PINGPONG: gl.constexpr):
+        """Step j of one consumer, P(j) in registers: issue S(j+1) and P(j) V(j) in this warpgroup's turn;
+        hand K(j+1) back once S(j+1) is done; tile j + 1's softmax; wait for P(j) V(j) (p_cur in the
+        deps keeps its registers alive to the wait), hand V(j) back, rescale and pack P(j+1)."""
         mbarrier.wait(k_ready.index((j + 1) % KS), ((j + 1) // KS) & 1)
         mbarrier.wait(v_ready.index(j % VS), (j // VS) & 1)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        gl.thread_barrier()  # each warp's share of the wgmma retires on its own: all four, then the arrive
-        mbarrier.arrive(v_empty.index((j + VS - 1) % VS), count=1, pred=j > 0)
         v_buf = v_bufs.index(j % VS)
         if MASKED:
             if (j + 1) * TILE_N > seq_end:  # slots past the sequence's end: stale, maybe not finite
@@ -166,8 +166,7 @@ if HAS_GLUON:
             _named_barrier("bar.sync", 8 + HALF)  # this warpgroup's turn at the tensor cores
         s_next = warpgroup_mma(q_half, k_bufs.index((j + 1) % KS).permute((1, 0)), zeros_s, use_acc=False,
                                is_async=True)
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        pv = warpgroup_mma(p_smem.index(PB * HALF + j % PB), v_buf, acc, is_async=True)
+        acc = warpgroup_mma(p_cur, v_buf, acc, is_async=True)
         if PINGPONG:
             _named_barrier("bar.arrive", 9 - HALF)  # the other's turn
         s = warpgroup_mma_wait(1, deps=(s_next,))
@@ -175,21 +174,24 @@ if HAS_GLUON:
         mbarrier.arrive(k_empty.index((j + 1) % KS), count=1)
         p_next, alpha, m_i, l_i = _softmax_step(s, (j + 1) * TILE_N, q_pos, k_hi, m_i, l_i, scale_log2, MASKED,
                                                 TILE_N, s_cols)
-        p_smem.index(PB * HALF + (j + 1) % PB).store(p_next.to(q_half.dtype))  # its last reader, P(j-1) V(j-1), is done
-        fence_async_shared()
+        acc, p_cur = warpgroup_mma_wait(0, deps=(acc, p_cur))
         gl.thread_barrier()
-        return pv, alpha, m_i, l_i
+        mbarrier.arrive(v_empty.index(j % VS), count=1)
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        p_cur = gl.convert_layout(p_next.to(q_half.dtype), p_layout)
+        return acc, p_cur, m_i, l_i
 
     @gluon.jit
-    def _consumer(q_smem, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
+    def _consumer(q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
                   first_q, n_tiles, n_open, scale_log2, out_row0, q_len_left, head0, o_stride_t, o_stride_h,
                   HALF: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, TILE_N: gl.constexpr,
-                  KS: gl.constexpr, VS: gl.constexpr, PB: gl.constexpr, PINGPONG: gl.constexpr):
+                  KS: gl.constexpr, VS: gl.constexpr, PINGPONG: gl.constexpr):
         """One warpgroup's 64 rows (HALF 0 or 1 of the program's 128): tile 0, the loop, the output."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, TILE_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [4, 1], [1, 0])
         s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
         s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -197,7 +199,7 @@ if HAS_GLUON:
         q_half = q_smem.index(HALF)
         zeros_s = gl.zeros([64, TILE_N], gl.float32, s_layout)
         q_pos = first_q + (HALF * 64 + gl.arange(0, 64, layout=s_rows)) // GROUP
-        acc = warpgroup_mma_init(gl.zeros([64, HEAD_DIM], gl.float32, o_layout))
+        acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
         if PINGPONG:
             if HALF == 1:
                 _named_barrier("bar.arrive", 8)  # warpgroup 0 goes first
@@ -207,18 +209,15 @@ if HAS_GLUON:
         mbarrier.arrive(k_empty.index(0), count=1)
         p, alpha, m_i, l_i = _softmax_step(s, 0, q_pos, k_hi, gl.full([64], float("-inf"), gl.float32, s_rows),
                                            gl.zeros([64], gl.float32, s_rows), scale_log2, True, TILE_N, s_cols)
-        p_smem.index(PB * HALF).store(p.to(q_half.dtype))  # this consumer's buffers: PB * HALF ..
-        fence_async_shared()
-        gl.thread_barrier()
+        p_cur = gl.convert_layout(p.to(q_half.dtype), p_layout)
         for j in range(0, n_open):
-            acc, alpha, m_i, l_i = _step(j, acc, alpha, m_i, l_i, q_half, p_smem, k_bufs, v_bufs, k_ready, k_empty,
+            acc, p_cur, m_i, l_i = _step(j, acc, p_cur, m_i, l_i, q_half, k_bufs, v_bufs, k_ready, k_empty,
                                          v_ready, v_empty, k_hi, seq_end, q_pos, scale_log2, zeros_s, HALF, False,
-                                         TILE_N, KS, VS, PB, o_rows, s_cols, load_layout, PINGPONG)
+                                         TILE_N, KS, VS, o_rows, s_cols, load_layout, p_layout, PINGPONG)
         for j in range(n_open, n_tiles):
-            acc, alpha, m_i, l_i = _step(j, acc, alpha, m_i, l_i, q_half, p_smem, k_bufs, v_bufs, k_ready, k_empty,
+            acc, p_cur, m_i, l_i = _step(j, acc, p_cur, m_i, l_i, q_half, k_bufs, v_bufs, k_ready, k_empty,
                                          v_ready, v_empty, k_hi, seq_end, q_pos, scale_log2, zeros_s, HALF, True,
-                                         TILE_N, KS, VS, PB, o_rows, s_cols, load_layout, PINGPONG)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
+                                         TILE_N, KS, VS, o_rows, s_cols, load_layout, p_layout, PINGPONG)
         if PINGPONG:
             if HALF == 0:
                 _named_barrier("bar.sync", 8)  # warpgroup 1's last arrive
@@ -235,8 +234,8 @@ if HAS_GLUON:
         out_ptr, query_ptr, k_desc, v_desc, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
         num_seqs, num_q_blocks, min_query_len, scale_log2, q_stride_t, q_stride_h, o_stride_t, o_stride_h, bt_stride,
         GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_SIZE: gl.constexpr, BLOCK_Q: gl.constexpr,
-        TILE_N: gl.constexpr, KS: gl.constexpr, VS: gl.constexpr, PB: gl.constexpr, BOX: gl.constexpr,
-        Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, P_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        TILE_N: gl.constexpr, KS: gl.constexpr, VS: gl.constexpr, BOX: gl.constexpr,
+        Q_SMEM: gl.constexpr, KV_SMEM: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PINGPONG: gl.constexpr,
     ):
         """prefill_attention.py's programs: q to shared memory, then the loader and the two consumers."""
@@ -267,7 +266,6 @@ if HAS_GLUON:
         fence_async_shared()
         k_bufs = gl.allocate_shared_memory(dtype, [KS, TILE_N, HEAD_DIM], KV_SMEM)
         v_bufs = gl.allocate_shared_memory(dtype, [VS, TILE_N, HEAD_DIM], KV_SMEM)
-        p_smem = gl.allocate_shared_memory(dtype, [2 * PB, 64, TILE_N], P_SMEM)  # PB a consumer
         k_ready = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [KS, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [VS, 1], mbarrier.MBarrierLayout())
@@ -286,12 +284,12 @@ if HAS_GLUON:
         gl.warp_specialize([
             (kv_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, table, seq_end,
                          kv_head * HEAD_DIM, n_tiles, BLOCK_SIZE, TILE_N, BOX, KS, VS)),
-            (_consumer, (q_smem, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
+            (_consumer, (q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
                          first_q, n_tiles, n_open, scale_log2, out_row0, q_len_left, kv_head * GROUP, o_stride_t,
-                         o_stride_h, 0, GROUP, HEAD_DIM, TILE_N, KS, VS, PB, PINGPONG)),
-            (_consumer, (q_smem, p_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
+                         o_stride_h, 0, GROUP, HEAD_DIM, TILE_N, KS, VS, PINGPONG)),
+            (_consumer, (q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, k_hi, seq_end,
                          first_q, n_tiles, n_open, scale_log2, out_row0, q_len_left, kv_head * GROUP, o_stride_t,
-                         o_stride_h, 1, GROUP, HEAD_DIM, TILE_N, KS, VS, PB, PINGPONG)),
+                         o_stride_h, 1, GROUP, HEAD_DIM, TILE_N, KS, VS, PINGPONG)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
@@ -326,8 +324,8 @@ def hopper_prefill_attention(
 
 
 def _smem_bytes(head_dim: int, itemsize: int) -> int:
-    """q, the K and V rings and the P buffers of both consumers."""
-    return ((BLOCK_M + (K_STAGES + V_STAGES) * TILE_N) * head_dim + 2 * P_BUFFERS * 64 * TILE_N) * itemsize
+    """q and the K and V rings (P stays in registers)."""
+    return (BLOCK_M + (K_STAGES + V_STAGES) * TILE_N) * head_dim * itemsize
 
 
 def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, scale, out, min_query_len,
@@ -351,29 +349,29 @@ def _launch(query, kv_cache, query_start_loc, seq_lens, block_tables, num_seqs, 
         return out
     group = num_heads // num_kv_heads
     block_q = BLOCK_M // group
-    q_smem, kv_smem, p_smem = _layouts(head_dim, query.dtype)
+    q_smem, kv_smem = _layouts(head_dim, query.dtype)
     k_desc, v_desc = kv_descriptors(kv_cache, box, kv_smem)
     num_q_blocks = num_tokens // block_q + num_seqs
-    _hopper_prefill_kernel[(num_q_blocks, num_kv_heads)](
+    kernel = _hopper_prefill_kernel[(num_q_blocks, num_kv_heads)](
         out, query, k_desc, v_desc, block_tables, seq_lens, query_start_loc, num_seqs, num_q_blocks, min_query_len,
         scale * LOG2_E, query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE_N=TILE_N, KS=K_STAGES,
-        VS=V_STAGES, PB=P_BUFFERS, BOX=box, Q_SMEM=q_smem, KV_SMEM=kv_smem, P_SMEM=p_smem,
-        CONSUMER_REGS=CONSUMER_REGS, PINGPONG=pingpong, num_warps=LOADER_WARPS, maxnreg=WS_MAXNREG)
+        VS=V_STAGES, BOX=box, Q_SMEM=q_smem, KV_SMEM=kv_smem, CONSUMER_REGS=CONSUMER_REGS, PINGPONG=pingpong,
+        num_warps=LOADER_WARPS, maxnreg=WS_MAXNREG)
+    check_no_wgmma_race(kernel, "hopper_prefill_attention")  # raises once, on a race: the backend falls back
     return out
 
 
-# Host work of a launch (session 23, H100): the three layouts ~30 us and the two TMA descriptors
+# Host work of a launch (session 23, H100): the layouts ~30 us and the two TMA descriptors
 # ~50 us of a ~125 us launch, every layer of every step; a short chunk's prefill is bound by it.
 # Both depend only on the shapes and on the (per-layer, long-lived) cache tensor, so they are made
 # once (the descriptors: hopper_kv_loader.kv_descriptors).
 @functools.lru_cache(maxsize=None)
 def _layouts(head_dim: int, dtype: torch.dtype) -> tuple:
-    """The shared-memory layouts of q, of the K/V tiles and of P."""
+    """The shared-memory layouts of q and of the K/V tiles."""
     gl_dtype = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
     return (gl.NVMMASharedLayout.get_default_for([64, head_dim], gl_dtype),
-            gl.NVMMASharedLayout.get_default_for([TILE_N, head_dim], gl_dtype),
-            gl.NVMMASharedLayout.get_default_for([64, TILE_N], gl_dtype))
+            gl.NVMMASharedLayout.get_default_for([TILE_N, head_dim], gl_dtype))
 
 
 __all__ = ["hopper_prefill_attention", "supports", "HAS_GLUON"]

@@ -121,3 +121,32 @@ def test_wgmma_operand_races_read_the_sass():
     assert races(h + "\n" + w + "\n/*0040*/ FSEL R154, R92, -INF , !P0 ;") == 0
     assert races(h + "\n/*0020*/ FSEL R156, R92, -INF , !P0 ;\n" + w) == 0
     assert races(h + "\n/*0020*/ @!P0 MOV R152, R3 ;\n" + w) == 1
+
+
+def test_a_racing_compilation_is_refused_at_its_first_launch(monkeypatch):
+    """check_no_wgmma_race reads a compilation's SASS once (by its hash): a race raises, so the
+    backend falls back to the Triton kernel; a clean one, or no cuobjdump to read it with, passes."""
+    from types import SimpleNamespace
+
+    from folio.kernels import sass_checks
+
+    racing = ("/*0010*/ HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88, gsb0 ;\n"
+              "/*0020*/ FSEL R154, R92, -INF , !P0 ;\n/*0030*/ WARPGROUP.DEPBAR.LE gsb0, 0x0 ;")
+    reads = []
+
+    def fake_sass(cubin):
+        reads.append(cubin)
+        if cubin == b"gone":
+            raise FileNotFoundError("cuobjdump")
+        return racing if cubin == b"racing" else racing.replace("R154", "R12")
+
+    monkeypatch.setattr(sass_checks, "sass_of", fake_sass)
+    monkeypatch.setattr(sass_checks, "_checked", set())
+    kernel = lambda h, cubin: SimpleNamespace(hash=h, asm={"cubin": cubin})  # noqa: E731
+    with pytest.raises(RuntimeError, match="running wgmma"):
+        sass_checks.check_no_wgmma_race(kernel("a", b"racing"), "k")
+    sass_checks.check_no_wgmma_race(kernel("a", b"racing"), "k")  # read once a compilation
+    sass_checks.check_no_wgmma_race(kernel("b", b"clean"), "k")
+    sass_checks.check_no_wgmma_race(kernel("c", b"gone"), "k")
+    sass_checks.check_no_wgmma_race(None, "k")  # a launch that hands back no kernel
+    assert reads == [b"racing", b"clean", b"gone"]

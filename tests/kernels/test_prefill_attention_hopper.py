@@ -45,7 +45,7 @@ def test_kv_descriptors_are_made_once_per_cache_and_do_not_keep_it_alive():
     import weakref
 
     cache = torch.randn(2, 5, 16, 2, 64, dtype=torch.bfloat16)
-    _, kv_smem, _ = hopper._layouts(64, torch.bfloat16)
+    _, kv_smem = hopper._layouts(64, torch.bfloat16)
     first = kv_loader.kv_descriptors(cache, 16, kv_smem)
     assert kv_loader.kv_descriptors(cache, 16, kv_smem) is first
     assert kv_loader.kv_descriptors(cache, 8, kv_smem) is not first, "another box, other descriptors"
