@@ -74,6 +74,8 @@ vs-vllm-serve-rate) part $p  # serve-rate's load on folio's server, then vLLM's 
   # pycountry ijson` plus .whl's jsonschema, jsonschema_specifications, referencing and rpds_py.
   # With a vLLM part and .whl it passes a call's 64 MiB: carry it in the first part's call and
   # copy it to /tmp there (cp -r .vllm/extra /tmp/vllm-extra; VLLM_SERVER_WHEELS=/tmp/vllm-extra).
+  # Session 26 ran it so (without supervisor, and pycountry in a call of its own: mistral_common
+  # needs pycountry; with all of these no stand-in was needed).
   CKPT=/tmp/qwen3-0.6b-tok; mkdir -p $CKPT; cp $QWEN/config.json $CKPT/
   python3 -c "from folio.benchmarks.bench_tokenizer import build_bench_tokenizer as b; b(151936).save_pretrained('$CKPT')"
   [ -n "${VLLM_SERVER_WHEELS:-}" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/vsite \
