@@ -11,10 +11,12 @@ tokens x the GROUP heads of one KV head, q in shared memory for the whole loop.
   and 9) issue S(j+1) = q K(j+1)^T and P(j) V(j), hand the turn over, run tile j + 1's softmax
   under the other's products, wait for P(j) V(j) and pack P(j+1). Tiles are 128 keys, so that the
   softmax and its fixed costs fit under them (at 64 keys they did not). P is P V's A operand in
-  registers, as in FlashAttention-3 (5-10% faster than P through shared memory, session 26):
-  nothing is in flight across the loop's back edge, which is what made ptxas serialize every
-  wgmma of a worker partition before (C7512, sessions 18-19). ptxas places the wait for P(j) V(j)
-  before the exponentials, so a warpgroup's softmax runs under the other's products only.
+  registers, as in FlashAttention-3 (2-16% faster than P through shared memory on 23 of 24 chunk
+  shapes, session 26): nothing is in flight across the loop's back edge, which is what made
+  ptxas serialize every wgmma of a worker partition before (C7512, sessions 18-19). ptxas places
+  the wait for P(j) V(j) before the exponentials, so a warpgroup's softmax runs under the other's
+  products only. Each compilation's SASS is read at its first launch for a write to P's
+  registers while P V runs (sass_checks.check_no_wgmma_race; the backend then falls back).
 - Tiles the block sees in full are unmasked, the diagonal's masked (two loops: ptxas waits for
   every pending wgmma where control flow joins). Boxes read whole blocks, so a tile that reaches
   past the sequence's end has its stale V rows zeroed in shared memory first (P = 0 there, but

@@ -116,9 +116,12 @@ def test_backend_takes_the_gluon_kernel_unless_told_not_to(monkeypatch):
         TritonAttentionBackend()
 
 
-def test_a_failing_gluon_kernel_falls_back_to_triton_once_and_says_so(monkeypatch, caplog):
-    """A Triton whose Gluon API differs fails when the kernel compiles: the batch still gets
-    attention (from the Triton kernel), the log says why, and later batches skip Gluon."""
+@pytest.mark.parametrize("after_writing", [False, True])
+def test_a_failing_gluon_kernel_falls_back_to_triton_once_and_says_so(monkeypatch, caplog, after_writing):
+    """A Triton whose Gluon API differs fails when the kernel compiles; a compilation that races
+    on P fails after its launch wrote `out` (sass_checks.check_no_wgmma_race). Either way the batch
+    still gets attention (from the Triton kernel, over every row), the log says why, and later
+    batches skip Gluon."""
     import logging
 
     import folio.attention.backends.triton_backend as tb
@@ -132,6 +135,9 @@ def test_a_failing_gluon_kernel_falls_back_to_triton_once_and_says_so(monkeypatc
 
     def broken(*a, **k):
         calls.append(1)
+        if after_writing:
+            k["out"].fill_(float("nan"))
+            raise RuntimeError("hopper_prefill_attention: ptxas writes the registers of a running wgmma's operand")
         raise TypeError("warpgroup_mma() got an unexpected keyword argument")
 
     monkeypatch.setattr(hopper, "hopper_prefill_attention", broken)
@@ -149,7 +155,7 @@ def test_a_failing_gluon_kernel_falls_back_to_triton_once_and_says_so(monkeypatc
     assert_close(out, expected, torch.bfloat16)
     assert torch.equal(out, again)
     assert calls == [1], "Gluon is tried once, then left alone"
-    assert "Gluon prefill kernel failed (TypeError" in caplog.text
+    assert f"Gluon prefill kernel failed ({'RuntimeError' if after_writing else 'TypeError'}" in caplog.text
 
 
 @pytest.mark.gpu
