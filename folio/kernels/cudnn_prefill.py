@@ -1,6 +1,7 @@
 """One long prompt chunk through cuDNN's fused attention (torch's
-`aten._scaled_dot_product_cudnn_attention`): opt-in (FOLIO_PREFILL_CUDNN=1). Once warm it is faster
-than folio's Gluon kernel on such chunks on an H100, but torch builds a cuDNN graph for every new
+`aten._scaled_dot_product_cudnn_attention`): opt-in (FOLIO_PREFILL_CUDNN=1). Once warm it was faster
+than folio's Gluon kernel on such chunks on an H100 (session 23; since the Gluon kernel keeps P in
+registers, session 26, the two are about even at 8-16k), but torch builds a cuDNN graph for every new
 (chunk length, context length) and keeps it: the first chunk of each new shape costs 60-150 ms,
 up to ~1-3 s, more than a whole prompt's prefill (docs/perf-notes.md, session 23). So it pays only
 where the same shapes recur (fixed-length benchmarks, fixed-size batch jobs), not in serving
