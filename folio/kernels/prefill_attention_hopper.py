@@ -209,8 +209,8 @@ if HAS_GLUON:
         s = warpgroup_mma(q_half, k_bufs.index(0).permute((1, 0)), zeros_s, use_acc=False)
         gl.thread_barrier()
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, m_i, l_i = _softmax_step(s, 0, q_pos, k_hi, gl.full([64], float("-inf"), gl.float32, s_rows),
-                                           gl.zeros([64], gl.float32, s_rows), scale_log2, True, TILE_N, s_cols)
+        p, _, m_i, l_i = _softmax_step(s, 0, q_pos, k_hi, gl.full([64], float("-inf"), gl.float32, s_rows),
+                                       gl.zeros([64], gl.float32, s_rows), scale_log2, True, TILE_N, s_cols)
         p_cur = gl.convert_layout(p.to(q_half.dtype), p_layout)
         for j in range(0, n_open):
             acc, p_cur, m_i, l_i = _step(j, acc, p_cur, m_i, l_i, q_half, k_bufs, v_bufs, k_ready, k_empty,

@@ -22,8 +22,8 @@ requests a second: mean time to first token 32-41 -> 10-11 ms against all chunk 
 The cap: padding costs GPU work, launches saved cost host time, so the cap is where the GPU work
 of the padded chunk would stop hiding behind the host: an eager layer launches in
 ~HOST_SECONDS_PER_LAYER, and the linear layers of a token take 2 x (their weights per rank) FLOPs
-at ~ASSUMED_FLOPS; rounded down to the grid, and never past the longest chunk the engine can schedule (max_num_batched_tokens,
-max_model_len). The 0.6B gets chunk graphs up to MAX_TOKENS (4,096), the 8B up to 1,024;
+at ~ASSUMED_FLOPS; rounded down to the grid, and never past the longest chunk the engine can
+schedule (max_num_batched_tokens, max_model_len). The 0.6B gets chunk graphs up to MAX_TOKENS (4,096), the 8B up to 1,024;
 FOLIO_CHUNK_GRAPH_TOKENS sets the cap (0: none).
 """
 
