@@ -331,6 +331,9 @@ class BeamSearchParams:
     temperature: float = 0.0
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+    # folio's: the text of each beam as a sampled request's (SamplingParams' defaults)
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     @property
     def n(self) -> int:

@@ -38,7 +38,7 @@ from typing import Any
 from folio.core.outputs import EngineCoreOutput, TokenLogprobs
 from folio.core.request import Request, RequestStatus
 from folio.core.scheduler import Scheduler
-from folio.engine.detokenizer import decode_token
+from folio.engine.detokenizer import decode_token, plain_decoder
 from folio.engine.input_processor import ProcessedPrompt
 from folio.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from folio.sampling_params import BeamSearchParams, SamplingParams
@@ -236,7 +236,9 @@ class BeamSearch:
         tokens = beam.token_ids
         if reason == "stop" and not self.params.include_stop_str_in_output:
             tokens = tokens[:-1]  # the EOS token
-        return tokenizer.decode(tokens)
+        # As a sampled request's text: special tokens skipped unless the request keeps them
+        return plain_decoder(tokenizer, self.params.skip_special_tokens,
+                              self.params.spaces_between_special_tokens)(list(tokens))
 
 
 def _logprob_dict(tokenizer: Any, step: TokenLogprobs) -> dict[int, Logprob]:

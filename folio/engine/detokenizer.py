@@ -121,10 +121,10 @@ class IncrementalDetokenizer:
 def _decoder(
     tokenizer: Any, skip_special_tokens: bool, spaces_between_special_tokens: bool
 ) -> Callable[[list[int]], str]:
-    """`_plain_decoder`, with the text of one-token lists cached per tokenizer and options: in
+    """`plain_decoder`, with the text of one-token lists cached per tokenizer and options: in
     steady state every step's second decode (the new prefix after the slide) is one token, so
     it becomes a dict lookup (decoding is a pure function of the ids)."""
-    decode = _plain_decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
+    decode = plain_decoder(tokenizer, skip_special_tokens, spaces_between_special_tokens)
     per_tokenizer = _WINDOW_TEXT.get(tokenizer)
     if per_tokenizer is None:
         per_tokenizer = _WINDOW_TEXT.setdefault(tokenizer, {})
@@ -141,7 +141,7 @@ def _decoder(
     return decode_ids
 
 
-def _plain_decoder(
+def plain_decoder(
     tokenizer: Any, skip_special_tokens: bool, spaces_between_special_tokens: bool
 ) -> Callable[[list[int]], str]:
     """`ids -> text` as `tokenizer.decode(ids, skip_special_tokens, no cleanup)` computes it.

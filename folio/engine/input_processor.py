@@ -96,11 +96,15 @@ class InputProcessor:
                 self._check_token_id(tok, name)
         for tok in (params.logit_bias or {}):
             self._check_token_id(tok, "logit_bias")
-        if params.min_tokens and params.allowed_token_ids:
+        if params.min_tokens:
             banned = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else self.eos_token_ids)
-            if set(params.allowed_token_ids) <= banned:  # min_tokens bans every token it may take
-                raise SamplingParamsError("allowed_token_ids", "Every token in allowed_token_ids ends the output "
-                                          "(EOS or stop_token_ids), which min_tokens forbids: nothing can be generated.")
+            allowed = params.allowed_token_ids
+            if (set(allowed) <= banned if allowed else  # min_tokens bans every token it may take
+                    len(banned) >= self.vocab_size and banned.issuperset(range(self.vocab_size))):
+                field = "allowed_token_ids" if params.allowed_token_ids else "stop_token_ids"
+                raise SamplingParamsError(field, f"Every token {'in allowed_token_ids ' if params.allowed_token_ids else ''}"
+                                          "ends the output (EOS or stop_token_ids), which min_tokens forbids: "
+                                          "nothing can be generated.")
         if params.stop and self.tokenizer is None:  # no text is made: the strings would never match
             raise SamplingParamsError("stop", "stop strings need a tokenizer; this engine has none "
                                               "(use stop_token_ids).")
@@ -108,6 +112,10 @@ class InputProcessor:
             if self.tokenizer is None:
                 raise SamplingParamsError("bad_words", "bad_words needs a tokenizer; this engine has none.")
             params.update_from_tokenizer(self.tokenizer)
+            always = {ids[0] for ids in params.bad_words_token_ids if len(ids) == 1}  # banned at every step
+            if params.allowed_token_ids and set(params.allowed_token_ids) <= always:
+                raise SamplingParamsError("bad_words", "bad_words bans every token in allowed_token_ids: nothing "
+                                          "can be generated.")
         return params
 
     def truncate_prompt(self, prompt: ProcessedPrompt, params: Any) -> ProcessedPrompt:

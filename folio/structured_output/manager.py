@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import copy
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -28,7 +29,7 @@ from folio.core.request import Request
 from folio.logger import init_logger
 from folio.sampling_params import SamplingParams, SamplingParamsError
 from folio.structured_output.backend import CompiledGrammar, GrammarBackend, GrammarTimer
-from folio.structured_output.spec import GrammarSpec
+from folio.structured_output.spec import GrammarSpec, schema_nodes
 
 logger = init_logger(__name__)
 
@@ -134,6 +135,8 @@ class StructuredOutputManager:
         spec = GrammarSpec.from_params(params.structured_outputs, self.config.disable_any_whitespace)
         if spec in self._cache:
             return spec
+        if spec.kind == "json":
+            _refuse_external_refs(json.loads(spec.value))
         try:
             self._check_with_backends(spec)
         except SamplingParamsError:
@@ -254,3 +257,13 @@ def no_first_token(request: Request, vocab_size: int) -> str | None:
     if request.sampling_params.allowed_token_ids and not bool(allowed[ids].any()):
         return "No token in allowed_token_ids can begin the structured output."
     return None
+
+
+def _refuse_external_refs(schema: Any) -> None:
+    """Neither backend fetches a $ref outside the schema (another file, a URL): it would leave that
+    part of the output unconstrained, so it is a 400 (local "#/..." references are resolved)."""
+    outside = sorted({node["$ref"] for node in schema_nodes(schema)
+                      if isinstance(node.get("$ref"), str) and node["$ref"][:1] not in ("", "#")})
+    if outside:
+        raise SamplingParamsError("structured_outputs", f"JSON schema $ref {outside[0]!r} points outside the "
+                                  "schema; only local references (\"#/...\") are resolved.")

@@ -147,3 +147,17 @@ def test_frontend_config_refuses_bad_values(tmp_path):
         FrontendConfig(ssl_keyfile="x")
     with pytest.raises(ValueError, match="metrics-compat"):
         FrontendConfig(metrics_compat="prometheus")
+
+
+def test_fields_that_were_accepted_and_dropped_are_400s_now(server):
+    """Session 27's review: length_penalty without beam search and store=true on /v1/responses were
+    accepted and did nothing; a client that sets them gets a 400 naming the field."""
+    r = _post(server, "/completions", {"prompt": "Hi", "max_tokens": 2, "length_penalty": 2.0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "length_penalty"
+    assert "use_beam_search" in r.json()["error"]["message"]
+    ok = _post(server, "/completions", {"prompt": "Hi", "max_tokens": 2, "length_penalty": 1.0})
+    assert ok.status_code == 200
+    r = _post(server, "/responses", {"input": "Hi", "max_output_tokens": 2, "store": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "store"
+    ok = _post(server, "/responses", {"input": "Hi", "max_output_tokens": 2, "store": False})
+    assert ok.status_code == 200 and ok.json()["store"] is False

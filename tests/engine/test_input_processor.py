@@ -51,3 +51,33 @@ def test_min_tokens_with_only_ending_tokens_allowed_is_refused():
     processor.check_params(SamplingParams(min_tokens=8, allowed_token_ids=[0, 2], ignore_eos=True), 3)  # EOS is not an end
     processor.check_params(SamplingParams(min_tokens=8, allowed_token_ids=[0, 5]), 3)
     processor.check_params(SamplingParams(allowed_token_ids=[0]), 3)  # no min_tokens: EOS may end it at once
+
+
+def test_min_tokens_with_every_token_a_stop_token_is_refused():
+    # Found by a review (session 27): stop_token_ids covering the vocabulary with min_tokens=2
+    # gave two EOS tokens and a 200.
+    from folio.sampling_params import SamplingParams
+
+    processor = InputProcessor(SimpleNamespace(vocab_size=10), None, {0}, 5)
+    with pytest.raises(SamplingParamsError, match="nothing can be generated") as err:
+        processor.check_params(SamplingParams(min_tokens=2, stop_token_ids=list(range(1, 10))), 3)
+    assert err.value.param == "stop_token_ids"
+    processor.check_params(SamplingParams(min_tokens=2, stop_token_ids=list(range(2, 10))), 3)  # 1 is left
+    processor.check_params(SamplingParams(min_tokens=2, stop_token_ids=list(range(1, 10)), ignore_eos=True), 3)
+
+
+def test_bad_words_that_ban_every_allowed_token_are_refused():
+    # Found by a review (session 27): allowed_token_ids=[x] with bad_words=["x"] generated EOS,
+    # a token outside allowed_token_ids, and answered 200.
+    from folio.sampling_params import SamplingParams
+    from tests.helpers.tokenizers import test_tokenizer
+
+    tok = test_tokenizer()
+    (word,) = tok.encode("x", add_special_tokens=False)
+    (other,) = tok.encode("y", add_special_tokens=False)
+    processor = InputProcessor(SimpleNamespace(vocab_size=len(tok)), tok, {tok.eos_token_id}, 5)
+    with pytest.raises(SamplingParamsError, match="bans every token in allowed_token_ids") as err:
+        processor.check_params(SamplingParams(allowed_token_ids=[word], bad_words=["x"]), 3)
+    assert err.value.param == "bad_words"
+    processor.check_params(SamplingParams(allowed_token_ids=[word, other], bad_words=["x"]), 3)
+    processor.check_params(SamplingParams(bad_words=["x"]), 3)

@@ -127,7 +127,7 @@ def test_beam_search_output_shape_and_text(path):
         generated = s.tokens[len(prompt_ids):]
         if s.finish_reason == "stop":
             generated = generated[:-1]
-        assert s.text == tok.decode(generated)
+        assert s.text == tok.decode(generated, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         assert len(s.logprobs) == len(s.tokens) - len(prompt_ids)
     with pytest.raises(ValueError, match="max_logprobs"):
         llm.beam_search("Hi", BeamSearchParams(beam_width=8, max_tokens=2))

@@ -76,6 +76,18 @@ def test_reasoning_parsers_whole_and_streamed(name, text, reasoning, content):
     assert got_r == (reasoning or "") and got_c == content
 
 
+@pytest.mark.parametrize("choice", ["none", "required", {"type": "function", "function": {"name": "f"}}])
+def test_tools_with_one_name_twice_are_refused_whatever_the_choice(choice):
+    """A dict of schemas by name kept the last definition and dropped the first without a word."""
+    tools = [ToolDefinition.model_validate({"type": "function", "function": {"name": name, "parameters": params}})
+             for name, params in (("f", {"type": "object"}), ("g", {}), ("f", {"type": "object", "required": ["a"]}))]
+    if isinstance(choice, dict):
+        choice = NamedToolChoice.model_validate(choice)
+    with pytest.raises(BadRequestError, match="'f' is defined more than once") as error:
+        plan_tools(tools, choice, None)
+    assert error.value.param == "tools"
+
+
 def test_plan_tools_errors_and_schemas():
     tools = [ToolDefinition.model_validate({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})]
     with pytest.raises(BadRequestError, match="enable-auto-tool-choice"):

@@ -13,6 +13,7 @@ output parser do.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,10 @@ def plan_tools(
         tool_choice = "auto" if tools else "none"
     if tool_choice != "none" and not tools:
         raise BadRequestError("tool_choice needs tools.", param="tool_choice")
+    repeated = sorted(name for name, count in Counter(t.function.name for t in tools).items() if count > 1)
+    if repeated:  # a dict of schemas would keep one definition and drop the other without a word
+        raise BadRequestError(f"tools: function name {repeated[0]!r} is defined more than once; names must "
+                              "be unique.", param="tools")
     schemas = {t.function.name: _parameters(t) for t in tools}
     if tool_choice == "none":
         return ToolPlan("none")

@@ -227,6 +227,8 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
             temperature=self.temperature or 0.0,
             length_penalty=self.length_penalty,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
         )
 
     def to_sampling_params(
@@ -241,6 +243,9 @@ class SamplingRequest(OpenAIBaseModel, StructuredOutputFields):
 
         Raises SamplingParamsError naming the offending field.
         """
+        if self.length_penalty != 1.0:  # not silently dropped: it scores beams only
+            raise SamplingParamsError("length_penalty", "length_penalty applies to beam search only; "
+                                      "set use_beam_search, or leave length_penalty at 1.")
         pick = _defaults_picker(self, defaults)
         return SamplingParams(
             n=self.n,

@@ -38,7 +38,7 @@ class ResponsesRequest(OpenAIBaseModel):
     stream: bool = False
     user: str | None = None
     metadata: dict[str, str] | None = None
-    store: bool | None = None  # nothing is stored: the response says store=false
+    store: unsupported((None, False), "nothing is stored") = None  # the response says store=false
     tools: unsupported((None, []), "no tools in /v1/responses yet") = None
     tool_choice: unsupported((None, "auto", "none"), "no tools in /v1/responses yet") = None
     parallel_tool_calls: bool | None = None

@@ -1,0 +1,45 @@
+"""A JSON schema's $ref outside the schema (a URL, another file) is refused: no backend fetches it,
+so that part of the output would go unconstrained while the client believes it is enforced."""
+
+from __future__ import annotations
+
+import pytest
+
+from folio.config.structured_outputs import StructuredOutputsConfig
+from folio.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams
+from folio.structured_output import manager as manager_module
+
+
+class _AcceptsAll:
+    def check(self, spec) -> None:
+        pass
+
+
+@pytest.fixture
+def manager(monkeypatch):
+    monkeypatch.setattr(manager_module, "make_backend", lambda *args: _AcceptsAll())
+    manager = manager_module.StructuredOutputManager(StructuredOutputsConfig(backend="xgrammar"), object(), 8, {0})
+    yield manager
+    manager.shutdown()
+
+
+@pytest.mark.parametrize("schema", [
+    {"$ref": "http://example.com/x.json"},
+    {"$ref": "other.json"},
+    {"type": "object", "properties": {"a": {"anyOf": [{"type": "null"}, {"$ref": "https://x.example/y#/a"}]}}},
+    {"type": "array", "items": {"$ref": "defs.json#/$defs/item"}, "$defs": {"item": {"type": "string"}}},
+])
+def test_a_reference_outside_the_schema_is_a_400_naming_structured_outputs(manager, schema):
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))
+    with pytest.raises(SamplingParamsError, match="outside the schema") as error:
+        manager.check(params)
+    assert error.value.param == "structured_outputs"
+
+
+@pytest.mark.parametrize("schema", [
+    {"$defs": {"a": {"type": "string"}}, "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}},
+    {"type": "object", "properties": {"next": {"$ref": "#"}}},
+    {"type": "object", "properties": {"name": {"type": "string", "description": "see http://example.com/$ref"}}},
+])
+def test_local_references_pass(manager, schema):
+    assert manager.check(SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))) is not None
