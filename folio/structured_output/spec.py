@@ -3,6 +3,10 @@
 Also the checks that need no tokenizer and no backend: a JSON schema must parse and pass its
 meta-schema (jsonschema), so a bad schema is the caller's error (ValueError, HTTP 400) before
 any backend sees it.
+
+A schema nested deeper than MAX_SCHEMA_DEPTH levels is refused the same way: jsonschema's
+check_schema (and the code after it) recurses once per level, and a deep enough schema would
+otherwise end in a RecursionError (HTTP 500) on the event loop or the engine thread.
 """
 
 from __future__ import annotations
@@ -14,6 +18,14 @@ from typing import Any
 import jsonschema
 
 from folio.sampling_params import SamplingParamsError, StructuredOutputsParams
+
+
+# The most levels of JSON objects and arrays a schema may nest (the root object is level 1).
+# jsonschema's check_schema spends up to ~8 Python frames per level (measured: `items`, `not`,
+# `contains`), so 64 levels use about 520 of Python's default 1000, leaving room for any caller's
+# own stack (the server, an application using the offline LLM, pytest). Real schemas nest far
+# less: 64 JSON levels are about 32 levels of `properties` (each level is the map and the schema).
+MAX_SCHEMA_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -44,19 +56,47 @@ class GrammarSpec:
 
 
 def parse_json_schema(schema: str | dict[str, Any] | None) -> dict[str, Any] | bool:
-    """The schema as an object, checked against its meta-schema; SamplingParamsError if not."""
+    """The schema as an object, checked against its meta-schema; SamplingParamsError if not
+    (also when it nests more than MAX_SCHEMA_DEPTH levels)."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise SamplingParamsError("structured_outputs", f"The JSON schema is not valid JSON: {e}.") from None
+        except RecursionError:  # nested deeper than the JSON decoder goes
+            raise _too_deep() from None
     if not isinstance(schema, (dict, bool)):
         raise SamplingParamsError("structured_outputs", "A JSON schema must be an object.")
+    if json_depth(schema) > MAX_SCHEMA_DEPTH:
+        raise _too_deep()
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         raise SamplingParamsError("structured_outputs", f"Invalid JSON schema: {e.message}.") from None
+    except RecursionError:  # a caller already deep in its own stack; never a 500
+        raise _too_deep() from None
     return schema
+
+
+def _too_deep() -> SamplingParamsError:
+    return SamplingParamsError("structured_outputs", f"The JSON schema is nested too deeply: at most "
+                               f"{MAX_SCHEMA_DEPTH} levels of objects and arrays.")
+
+
+def json_depth(value: Any) -> int:
+    """How many levels of objects and arrays a decoded JSON value nests (0 for a scalar), found
+    without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_SCHEMA_DEPTH:  # deep enough to refuse: no need to walk the rest
+            break
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def _closed_objects(schema: Any) -> Any:

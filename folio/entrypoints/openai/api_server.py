@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from folio.engine.arg_utils import EngineArgs
@@ -28,7 +28,7 @@ from folio.entrypoints.openai.dashboard import install_dashboard
 from folio.entrypoints.openai.cli_args import ServerConfig, engine_process_wanted, make_arg_parser
 from folio.entrypoints.openai.compat_routes import add_cors, include_compat_routes, log_requests
 from folio.entrypoints.openai.errors import install_error_handlers
-from folio.entrypoints.openai.router import ServingState, router
+from folio.entrypoints.openai.router import ServingState, refuse_lone_surrogates, router
 from folio.entrypoints.openai.serving_chat import OpenAIServingChat
 from folio.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from folio.entrypoints.openai.serving_models import OpenAIServingModels
@@ -56,7 +56,9 @@ def build_app(engine: AsyncLLM, config: ServerConfig | None = None) -> FastAPI:
 
     frontend = config.frontend
     docs: dict[str, Any] = dict(docs_url=None, redoc_url=None, openapi_url=None) if frontend.disable_fastapi_docs else {}
+    # The app's dependencies run first for every route it includes, the compat routers' too.
     app = FastAPI(title="folio", version=__version__, lifespan=lifespan,
+                  dependencies=[Depends(refuse_lone_surrogates)],
                   description="An OpenAI-compatible API for one model.", **docs)
     app.state.serving = _serving_state(engine, config)
     app.include_router(router)

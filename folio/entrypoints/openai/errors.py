@@ -2,12 +2,14 @@
 
 Handlers raise an APIError subclass; `install_error_handlers` turns those, FastAPI's request
 validation errors (400, never 422), Starlette's routing errors (404, 405) and anything
-unexpected (500) into that one shape.
+unexpected (500) into that one shape. `lone_surrogate_error` finds text that is not Unicode in a
+request body (router.refuse_lone_surrogates runs it for every route).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -182,3 +184,71 @@ _TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
 def sse_error(error: APIError) -> str:
     """The server-sent event that reports an error after streaming began."""
     return f"data: {json.dumps(error.body())}\n\n"
+
+
+# ---- text that is not Unicode -----------------------------------------------------------------
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# What a lone surrogate in a decoded JSON body comes from: a \uD800-\uDFFF escape, or the raw
+# bytes of one (ED A0-BF ..), which json.loads decodes with "surrogatepass". A proper pair of
+# escapes ("\ud83d\ude00") decodes to one character and is fine, but matches too. (Two plain
+# patterns scan several times faster than one with an alternation.)
+_SURROGATE_SOURCES = (re.compile(rb"\\u[dD][89a-fA-F]"), re.compile(rb"\xed[\xa0-\xbf]"))
+_NOT_TEXT = {int, float, bool, type(None)}
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """Whether the text holds a UTF-16 surrogate, which UTF-8 cannot encode (isascii() is O(1))."""
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def may_hold_lone_surrogate(body: bytes) -> bool:
+    """False when a JSON body surely decodes to no lone surrogate: one byte scan, no decoding."""
+    if b"\x00" in body[:4] or body[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 or UTF-32: look after decoding
+        return True
+    return any(pattern.search(body) is not None for pattern in _SURROGATE_SOURCES)
+
+
+def lone_surrogate_error(body: Any) -> BadRequestError | None:
+    """The 400 for the first string of a decoded JSON body (a value or a key, at any depth) that
+    holds a lone UTF-16 surrogate ("\\ud800": JSON allows the escape, Unicode has no such
+    character, and the tokenizer and the response encoder fail on it); None when there is none.
+    Without recursion; a path is only spelled out for the string it reports."""
+    stack: list[tuple[Any, tuple | None]] = [(body, None)]  # (value, (parent's trail, key or index))
+    while stack:
+        node, trail = stack.pop()
+        if isinstance(node, str):
+            if has_lone_surrogate(node):
+                return _not_unicode(trail, key=False)
+        elif isinstance(node, dict):
+            for key in node:
+                if has_lone_surrogate(key):
+                    return _not_unicode((trail, key), key=True)
+            stack.extend((value, (trail, key)) for key, value in reversed(node.items())
+                         if type(value) not in _NOT_TEXT)
+        elif isinstance(node, list) and not _NOT_TEXT.issuperset(map(type, node)):  # token ids: skipped in C
+            stack.extend((node[i], (trail, i)) for i in range(len(node) - 1, -1, -1)
+                         if type(node[i]) not in _NOT_TEXT)
+    return None
+
+
+def _not_unicode(trail: tuple | None, key: bool) -> BadRequestError:
+    """The 400 naming the string's path as _param spells paths ('messages[0].content')."""
+    parts: list[Any] = []
+    while trail is not None:
+        trail, part = trail
+        parts.append(part)
+    param = ""
+    for part in reversed(parts):
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part.isidentifier() and part.isascii():
+            param += f".{part}" if param else part
+        else:  # json.dumps escapes the surrogate: the message itself must stay encodable
+            param += f"[{json.dumps(part)}]"
+    problem = ("is not valid Unicode text: it holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape or "
+               "character that is not half of a proper pair)")
+    if not param:
+        return BadRequestError(f"The request body {problem}.")
+    label = "The field name" if key else "The value of"
+    return BadRequestError(f"{label} {param!r} {problem}.", param=param)

@@ -15,7 +15,12 @@ from fastapi.responses import PlainTextResponse, Response
 from folio.engine.async_llm import AsyncLLM
 from folio.engine.metrics import CONTENT_TYPE
 from folio.entrypoints.openai.disconnect import cancel_on_disconnect
-from folio.entrypoints.openai.errors import NotFoundError, ServiceUnavailableError
+from folio.entrypoints.openai.errors import (
+    NotFoundError,
+    ServiceUnavailableError,
+    lone_surrogate_error,
+    may_hold_lone_surrogate,
+)
 from folio.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -60,6 +65,26 @@ _EVENT_STREAM = {200: {"content": {"text/event-stream": {"schema": {
 _GENERATE_ERRORS = {**_EVENT_STREAM, **_errors(400, 401, 404, 500, 503)}
 
 router = APIRouter()
+
+
+async def refuse_lone_surrogates(request: Request) -> None:
+    """Every route's first dependency (build_app): a 400 for a JSON body with a lone UTF-16
+    surrogate in any string, key or value, at any depth (free-form dicts included), before the
+    body is validated or reaches a tokenizer or an echoed response. Dependencies run after
+    FastAPI read and decoded the body, and Starlette keeps both: nothing is read or decoded twice,
+    and a body without a surrogate escape (or raw surrogate bytes) costs one byte scan."""
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return
+    body = await request.body()
+    if not body or not may_hold_lone_surrogate(body):
+        return
+    try:
+        data = await request.json()
+    except (ValueError, RecursionError):  # not JSON: the route's own body parsing reports it
+        return
+    error = lone_surrogate_error(data)
+    if error is not None:
+        raise error
 
 
 def _state(request: Request) -> ServingState:

@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from folio.engine.async_llm import RequestStream
-from folio.entrypoints.openai.errors import BadRequestError, from_engine_error
+from folio.entrypoints.openai.errors import BadRequestError, from_engine_error, has_lone_surrogate
 from folio.entrypoints.openai.protocol import ChatMessage, ErrorResponse
 from folio.entrypoints.openai.protocol.responses import (
     IncompleteDetails,
@@ -140,7 +140,10 @@ class _EventWriter:
     def write(self, kind: str, **fields: Any) -> str:
         body = {"type": kind, "sequence_number": self.sequence_number, **fields}
         self.sequence_number += 1
-        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+        data = json.dumps(body, ensure_ascii=False)
+        if has_lone_surrogate(data):  # UTF-8 cannot encode it (the stream would be cut): send it escaped
+            data = json.dumps(body)
+        return f"event: {kind}\ndata: {data}\n\n"
 
 
 def _finish(shell: ResponsesResponse, output: RequestOutput | None, text: str | None = None,
