@@ -27,7 +27,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from folio.config.scheduler import SchedulerConfig
 from folio.engine.arg_utils import EngineArgs
+from folio.engine.embed_chunks import embed_chunks
 from folio.engine.engine_core import EngineProcess, EngineThread
 from folio.engine.engine_loop import (
     AbortCommand,
@@ -51,6 +53,7 @@ from folio.engine.state_reads import StateReads
 from folio.logger import init_logger
 from folio.lora.request import LoRARequest
 from folio.outputs import RequestOutput
+from folio.param_checks import SamplingParamsError
 from folio.sampling_params import RequestOutputKind, SamplingParams
 
 logger = init_logger(__name__)
@@ -76,14 +79,8 @@ class AsyncLLM:
         async for output in llm.generate("Hello", SamplingParams(...), "req-1"): ...
     """
 
-    def __init__(
-        self,
-        engine: LLMEngine | None = None,
-        *,
-        core: EngineThread | EngineProcess | None = None,
-        max_waiting_requests: int | None = None,
-        metrics: EngineMetrics | None = None,
-    ) -> None:
+    def __init__(self, engine: LLMEngine | None = None, *, core: EngineThread | EngineProcess | None = None,
+                 max_waiting_requests: int | None = None, metrics: EngineMetrics | None = None) -> None:
         if (engine is None) == (core is None):
             raise ValueError("Pass an engine (it runs on a thread) or a core, not both.")
         if max_waiting_requests is not None and max_waiting_requests < 1:
@@ -100,7 +97,11 @@ class AsyncLLM:
         self._streams: dict[str, RequestStream] = {}
         self._pending: dict[str, asyncio.Future] = {}  # adds sent, not yet answered
         self._pending_sequences = 0
-        self._embeds: dict[str, asyncio.Future] = {}  # embed commands sent, not yet answered
+        self._embeds: dict[str, asyncio.Future] = {}  # embed chunks sent, not yet answered
+        self._embedding: set[str] = set()  # the ids of the embed calls in progress
+        # (an engine process does not tell its scheduler's: the defaults, finer cuts if its are larger)
+        sched = self.engine.config.scheduler if self.engine is not None else SchedulerConfig()
+        self._embed_chunk_limits = (sched.max_num_batched_tokens, sched.max_num_seqs)
         self._stats = self.core.initial_stats
         self._dead: EngineDeadError | None = None
         self._state_reads = StateReads(self.core.send)
@@ -181,36 +182,45 @@ class AsyncLLM:
         await asyncio.to_thread(self.core.join)
 
     # ---- requests -------------------------------------------------------------------------
-    async def add_request(
-        self,
-        request_id: str,
-        prompt: PromptType,
-        params: SamplingParams,
-        priority: int = 0,
-        lora_request: LoRARequest | None = None,
-    ) -> RequestStream:
-        """Queue a request; returns its stream once the engine accepted it.
+    async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
+                          lora_request: LoRARequest | None = None) -> RequestStream:
+        """Queue a request; returns its stream once the engine accepted it. Raises what
+        LLMEngine.add_request raises for an invalid request (ValueError, with `.param` for a
+        SamplingParamsError), QueueFullError, or EngineDeadError."""
+        return (await self.add_requests([(request_id, prompt, params)], priority, lora_request))[0]
 
-        Raises what LLMEngine.add_request raises for an invalid request (ValueError, with
-        `.param` for a SamplingParamsError), QueueFullError, or EngineDeadError.
-        """
-        self._check_accepting(request_id)
-        # (beam search's params have no output kind: its one output comes when it finishes)
-        cumulative = getattr(params, "output_kind", None) == RequestOutputKind.CUMULATIVE
-        stream = RequestStream(request_id, self._abort, cumulative=cumulative)
-        future = self._loop.create_future()
-        self._streams[request_id] = stream
-        self._pending[request_id] = future
-        self._pending_sequences += params.n
-        self.core.send(AddCommand(request_id, prompt, params, priority, lora_request))
+    async def add_requests(self, requests: list[tuple[str, PromptType, SamplingParams]], priority: int = 0,
+                           lora_request: LoRARequest | None = None) -> list[RequestStream]:
+        """Queue (request_id, prompt, params) requests all or none: their sequences together are
+        checked once against the room left in the waiting queue (more than max_waiting_requests
+        in all is a SamplingParamsError: never queued), then all are sent at once; if one is
+        refused, or the caller is cancelled, all are withdrawn."""
+        self._check_accepting([r[0] for r in requests], [params.n for _, _, params in requests])
+        sent = []
+        for request_id, prompt, params in requests:
+            # (beam search's params have no output kind: its one output comes when it finishes)
+            cumulative = getattr(params, "output_kind", None) == RequestOutputKind.CUMULATIVE
+            stream, future = RequestStream(request_id, self._abort, cumulative=cumulative), self._loop.create_future()
+            self._streams[request_id], self._pending[request_id] = stream, future
+            sent.append((stream, future))
+            self._pending_sequences += params.n
+            self.core.send(AddCommand(request_id, prompt, params, priority, lora_request))
         try:
-            await future
+            await asyncio.wait([future for _, future in sent])  # every add answered
+            errors = [future.exception() for _, future in sent if future.exception() is not None]
+            if errors:
+                raise errors[0]
         except BaseException:
-            self._streams.pop(request_id, None)
-            stream.finished = True
-            self.core.send(AbortCommand(request_id))  # harmless if it was never added
+            for stream, future in sent:
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    stream.abort()  # accepted: an abort like any other
+                else:  # refused, or not answered yet (its answer is dropped): harmless if never added
+                    future.cancel()
+                    self._streams.pop(stream.request_id, None)
+                    stream.finished = True
+                    self.core.send(AbortCommand(stream.request_id))
             raise
-        return stream
+        return [stream for stream, _ in sent]
 
     async def add_lora(self, lora_request: LoRARequest) -> None:
         """Load and check an adapter in the engine (ValueError if it cannot serve it)."""
@@ -228,14 +238,8 @@ class AsyncLLM:
         self.core.send(command)
         await future
 
-    async def generate(
-        self,
-        prompt: PromptType,
-        params: SamplingParams,
-        request_id: str,
-        priority: int = 0,
-        lora_request: LoRARequest | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: PromptType, params: SamplingParams, request_id: str, priority: int = 0,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """add_request, then the request's outputs; leaving early aborts the request."""
         stream = await self.add_request(request_id, prompt, params, priority, lora_request)
         try:
@@ -245,37 +249,58 @@ class AsyncLLM:
             stream.abort()
 
     async def embed(self, request_id: str, prompts: list[list[int]], pooler_config: Any) -> list[list[float]]:
-        """Embeddings of token prompts, computed by the engine between two steps
-        (LLMEngine.embed). Raises ValueError for an invalid prompt, or EngineDeadError."""
-        self._check_accepting(request_id)
-        if request_id in self._embeds:
+        """Embeddings of token prompts, in order, computed by the engine between two steps
+        (LLMEngine.embed) a chunk at a time (embed_chunks), each sent once the one before is
+        answered: generation steps go on between chunks, and a cancelled caller (its client
+        left) sends no further chunk. Raises ValueError for an invalid prompt, or EngineDeadError."""
+        self._check_accepting([request_id], [])
+        if request_id in self._embedding:
             raise ValueError(f"Request id {request_id!r} is already in use.")
-        future = self._loop.create_future()
-        self._embeds[request_id] = future
-        self.core.send(EmbedCommand(request_id, prompts, pooler_config))
+        self._embedding.add(request_id)
+        vectors: list[list[float]] = []
         try:
-            return await future
+            for chunk in self.embed_chunks(prompts):
+                if self._dead is not None:
+                    raise EngineDeadError(str(self._dead))
+                command_id = f"{request_id}#{uuid.uuid4().hex}"  # a late answer is never taken for another's
+                future = self._embeds[command_id] = self._loop.create_future()
+                self.core.send(EmbedCommand(command_id, chunk, pooler_config))
+                try:
+                    vectors += await future
+                finally:
+                    self._embeds.pop(command_id, None)
         finally:
-            self._embeds.pop(request_id, None)
+            self._embedding.discard(request_id)
+        return vectors
+
+    def embed_chunks(self, prompts: list[list[int]]) -> list[list[list[int]]]:
+        """The chunks embed sends (folio/engine/embed_chunks.py), at this engine's step limits."""
+        return embed_chunks(prompts, *self._embed_chunk_limits)
 
     async def abort(self, request_id: str) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
             stream.abort()
 
-    def _check_accepting(self, request_id: str) -> None:
+    def _check_accepting(self, request_ids: list[str], ns: list[int]) -> None:
+        """Requests of ns sequences each (none: an embedding) fit the waiting queue, all at once."""
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
         if not self._started:
             raise RuntimeError("AsyncLLM.start() was not called.")
-        if request_id in self._streams:
-            raise ValueError(f"Request id {request_id!r} is already in use.")
-        waiting = self._stats.num_waiting + self._pending_sequences
-        if self.max_waiting_requests is not None and waiting >= self.max_waiting_requests:
-            raise QueueFullError(
-                f"{waiting} sequences are waiting to be scheduled (the limit is "
-                f"{self.max_waiting_requests}); retry later."
-            )
+        used = next((request_id for request_id in request_ids if request_id in self._streams), None)
+        if used is not None:
+            raise ValueError(f"Request id {used!r} is already in use.")
+        limit, waiting = self.max_waiting_requests, self._stats.num_waiting + self._pending_sequences
+        num_sequences = sum(ns)
+        if limit is not None and num_sequences > limit:
+            raise SamplingParamsError("n" if max(ns) > 1 else "prompt", (
+                f"This request asks for {num_sequences} sequences ({len(ns)} prompt(s) x n={max(ns)}); at most "
+                f"{limit} may wait to be scheduled (max_waiting_requests): send fewer prompts or a smaller n."))
+        if limit is not None and (waiting >= limit or waiting + num_sequences > limit):
+            more = f", and this request asks for {num_sequences} more" if num_sequences else ""
+            raise QueueFullError(f"{waiting} sequences are waiting to be scheduled{more} (the limit is "
+                                 f"{limit}); retry later.")
 
     def _abort(self, request_id: str) -> None:
         """Called by a RequestStream that is abandoned before it finished."""

@@ -104,7 +104,7 @@ def test_one_prompt_waits_for_its_accept_and_is_withdrawn_when_cancelled():
 
 
 class RefusingEngine:
-    """add_request raises what AsyncLLM.add_request can raise."""
+    """add_request and add_requests raise what AsyncLLM's can raise."""
 
     tokenizer = None
     model_config = StubCore.model_config
@@ -116,6 +116,9 @@ class RefusingEngine:
         return SamplingParams()
 
     async def add_request(self, *args, **kwargs) -> RequestStream:
+        raise self.error
+
+    async def add_requests(self, *args, **kwargs) -> list[RequestStream]:  # several prompts at once
         raise self.error
 
 

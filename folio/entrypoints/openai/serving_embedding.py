@@ -4,10 +4,16 @@ The engine pools its model's final hidden states between two generation steps
 (LLMEngine.embed, worker/pooler.py): last token by default, as vLLM's embedding runner does for a
 decoder checkpoint, or the mean (`--pooler-config '{"pooling_type": "MEAN"}'` or the request's
 `pooling_type`).
+
+The engine embeds a request a chunk of about one step's tokens at a time, generation going on
+between chunks (AsyncLLM.embed); one request is capped (MAX_INPUTS, MAX_INPUT_TOKENS), its size
+checked before its texts are tokenized where their length already tells, and many texts are
+tokenized off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
 import time
@@ -16,13 +22,21 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from folio.engine.async_llm import AsyncLLM
+from folio.entrypoints.openai.disconnect import cancel_on_disconnect
 from folio.entrypoints.openai.errors import BadRequestError, from_engine_error
 from folio.entrypoints.openai.protocol import ErrorResponse, make_usage
 from folio.entrypoints.openai.protocol.embedding import EmbeddingData, EmbeddingRequest, EmbeddingResponse
-from folio.entrypoints.openai.serving_engine import EnginePrompt, OpenAIServing, random_id
+from folio.entrypoints.openai.serving_engine import ENCODE_OFF_LOOP_CHARS, EnginePrompt, OpenAIServing, random_id
 from folio.pooling_params import PoolingParams
 
 router = APIRouter()
+
+# OpenAI's limits for one embeddings request: 2048 inputs, 300,000 tokens over all of them. The
+# token cap bounds the engine work one call may ask for (~35 s of the CPU demo model, now spread
+# over chunks between generation steps) and its response; it is at least max_model_len, so any
+# one input that fits the context is taken.
+MAX_INPUTS = 2048
+MAX_INPUT_TOKENS = 300_000
 
 
 class OpenAIServingEmbedding(OpenAIServing):
@@ -42,7 +56,11 @@ class OpenAIServingEmbedding(OpenAIServing):
         if request.dimensions is not None:
             raise BadRequestError("dimensions is not supported: folio returns full-size embeddings.",
                                   param="dimensions")
-        prompts = [self.truncate_prompt(p, request) for p in await self._prompts(request)]
+        value = request.input
+        if isinstance(value, str) or all(isinstance(v, int) for v in value):
+            value = [value]
+        self.check_input_count(len(value), "input")
+        prompts = await self.input_prompts(value, request, "input")
         for prompt in prompts:
             if not prompt.token_ids:
                 raise BadRequestError("The input is empty: at least one token is needed.", param="input")
@@ -63,22 +81,52 @@ class OpenAIServingEmbedding(OpenAIServing):
         return EmbeddingResponse(id=request_id, created=int(time.time()), model=self.model_name, data=data,
                                  usage=make_usage(num_tokens, 0, 0))
 
-    async def _prompts(self, request: EmbeddingRequest) -> list[EnginePrompt]:
-        value = request.input
-        if isinstance(value, str):
-            value = [value]
-        if all(isinstance(v, int) for v in value):
-            value = [value]
-        prompts = []
-        for item in value:
-            if isinstance(item, str):
-                token_ids = await self.encode_async(item, request.add_special_tokens, param="input",
-                                                    truncating=request.truncate_prompt_tokens is not None)
-                prompts.append(EnginePrompt(token_ids, item))
-            else:
-                self.check_token_ids(item, "input")
-                prompts.append(EnginePrompt(list(item)))
+    async def input_prompts(self, items: list[str | list[int]], request: Any, param: str) -> list[EnginePrompt]:
+        """Texts (tokenized) and token ids to embed, truncated as the request asks; more than
+        MAX_INPUT_TOKENS tokens in all is a 400 naming `param`, told before tokenizing when the
+        texts' lengths already show it (at_least_tokens)."""
+        texts = [item for item in items if isinstance(item, str)]
+        if texts:
+            self.require_tokenizer(param, "text inputs")
+        if request.truncate_prompt_tokens is None:  # a lower bound on each input's tokens, without tokenizing
+            least = [self.at_least_tokens(item) if isinstance(item, str) else len(item) for item in items]
+            for item, n in zip(items, least):
+                if isinstance(item, str) and n > self.max_model_len:
+                    raise BadRequestError(
+                        f"This model's maximum context length is {self.max_model_len} tokens, and the {param} "
+                        f"({len(item)} characters) is at least {n} tokens long.",
+                        param=param, code="context_length_exceeded")
+            self._check_total_tokens(sum(least), param, "at least ")
+
+        special = getattr(request, "add_special_tokens", True)  # (score and rerank requests: True)
+
+        def tokenize() -> list[EnginePrompt]:
+            prompts = []
+            for item in items:
+                if isinstance(item, str):
+                    prompts.append(EnginePrompt(self.encode(item, special, param), item))
+                else:
+                    self.check_token_ids(item, param)
+                    prompts.append(EnginePrompt(list(item)))
+            return prompts
+
+        # Many short texts add up: tokenized on a worker thread past ENCODE_OFF_LOOP_CHARS in all.
+        off_loop = sum(map(len, texts)) >= ENCODE_OFF_LOOP_CHARS
+        prompts = await asyncio.to_thread(tokenize) if off_loop else tokenize()
+        prompts = [self.truncate_prompt(p, request) for p in prompts]
+        self._check_total_tokens(sum(len(p.token_ids) for p in prompts), param)
         return prompts
+
+    def check_input_count(self, count: int, param: str) -> None:
+        if count > MAX_INPUTS:
+            raise BadRequestError(f"{param} has {count} items; at most {MAX_INPUTS} are taken in one request.",
+                                  param=param)
+
+    def _check_total_tokens(self, num_tokens: int, param: str, qualifier: str = "") -> None:
+        limit = max(MAX_INPUT_TOKENS, self.max_model_len)
+        if num_tokens > limit:
+            raise BadRequestError(f"The {param} is {qualifier}{num_tokens} tokens in all; at most {limit} may be "
+                                  "embedded in one request.", param=param)
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
@@ -96,4 +144,5 @@ def _serving(request: Request) -> OpenAIServingEmbedding:
 @router.post("/v1/embeddings", response_model=EmbeddingResponse,
              responses={status: {"model": ErrorResponse} for status in (400, 401, 404, 500, 503)})
 async def create_embedding(body: EmbeddingRequest, request: Request) -> Any:
-    return await _serving(request).create(body)
+    # cancelled when the client leaves: no further chunk of its inputs is embedded (AsyncLLM.embed)
+    return await cancel_on_disconnect(request, _serving(request).create(body))

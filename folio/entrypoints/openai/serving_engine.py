@@ -237,8 +237,9 @@ class OpenAIServing:
     ) -> list[RequestStream]:
         """Add one engine request per prompt (ids `{request_id}-{i}` when several): all or none.
 
-        All adds go to the engine at once (one round trip, not one per prompt); a single prompt,
-        the common case, is awaited as it is, without a task and a gather around it.
+        The request's sequences (prompts x n, n the beam width with beam search) are checked
+        against the waiting queue at once, before anything is added (AsyncLLM.add_requests):
+        more than it holds is a 400 (never queued), more than the room left a 503 (retry later).
         """
         requests = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
@@ -251,27 +252,9 @@ class OpenAIServing:
             if self.request_logger is not None:
                 self.request_logger.log(engine_id, prompt.text, prompt.token_ids, p)
             requests.append((engine_id, engine_prompt, p))
-        if len(requests) == 1:  # a cancel while waiting: add_request withdraws the request itself
-            engine_id, engine_prompt, p = requests[0]
-            try:
-                return [await self.engine.add_request(engine_id, engine_prompt, p, priority, lora_request)]
-            except Exception as e:
-                raise from_engine_error(e) from None
-        adds = [asyncio.ensure_future(self.engine.add_request(engine_id, engine_prompt, p, priority, lora_request))
-                for engine_id, engine_prompt, p in requests]
-        try:
-            results = await asyncio.gather(*adds, return_exceptions=True)
-        except asyncio.CancelledError:  # the client left: withdraw whatever was added
-            for add in adds:
-                add.cancel()
-            for add in adds:
-                if add.done() and not add.cancelled() and add.exception() is None:
-                    add.result().abort()
-            raise
-        streams = [r for r in results if isinstance(r, RequestStream)]
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            for stream in streams:
-                stream.abort()
-            raise from_engine_error(errors[0]) if isinstance(errors[0], Exception) else errors[0]
-        return streams
+        try:  # a cancel while waiting: the engine withdraws the requests itself
+            if len(requests) == 1:  # the common case
+                return [await self.engine.add_request(*requests[0], priority, lora_request)]
+            return await self.engine.add_requests(requests, priority, lora_request)
+        except Exception as e:
+            raise from_engine_error(e) from None

@@ -14,10 +14,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
+from folio.entrypoints.openai.disconnect import cancel_on_disconnect
 from folio.entrypoints.openai.errors import BadRequestError, from_engine_error
 from folio.entrypoints.openai.protocol import ErrorResponse, OpenAIBaseModel, UsageInfo
 from folio.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
-from folio.entrypoints.openai.serving_engine import EnginePrompt, random_id
+from folio.entrypoints.openai.serving_engine import random_id
 from folio.pooling_params import PoolerConfig
 
 router = APIRouter()
@@ -75,9 +76,13 @@ class OpenAIServingScore(OpenAIServingEmbedding):
     async def scores(self, request: Any, firsts: list[str], seconds: list[str]) -> tuple[list[float], int]:
         """Cosine similarity of each (first, second) pair of texts, and the tokens read."""
         self.check_base_model(request.model)
+        # the caps of /v1/embeddings: MAX_INPUTS pairs, MAX_INPUT_TOKENS tokens, named by the list's field
+        param = "documents" if isinstance(request, RerankRequest) else "text_2"
+        self.check_input_count(len(seconds), param)
         texts = list(dict.fromkeys(firsts + seconds))  # each distinct text embedded once
-        truncating = request.truncate_prompt_tokens is not None
-        prompts = [self.truncate_prompt(await self._text_prompt(t, truncating), request) for t in texts]
+        if not all(texts):
+            raise BadRequestError("Texts to score must not be empty.", param="text_1")
+        prompts = await self.input_prompts(texts, request, param)
         config = PoolerConfig(self.pooler_config.pooling_type, normalize=True)
         try:
             vectors = await self.engine.embed(random_id("score"), [p.token_ids for p in prompts], config)
@@ -86,11 +91,6 @@ class OpenAIServingScore(OpenAIServingEmbedding):
         by_text = dict(zip(texts, vectors))
         scores = [_cosine(by_text[a], by_text[b]) for a, b in zip(firsts, seconds)]
         return scores, sum(len(p.token_ids) for p in prompts)
-
-    async def _text_prompt(self, text: str, truncating: bool) -> EnginePrompt:
-        if not text:
-            raise BadRequestError("Texts to score must not be empty.", param="text_1")
-        return EnginePrompt(await self.encode_async(text, param="text_1", truncating=truncating), text)
 
 
 def _cosine(a: list[float], b: list[float]) -> float:
@@ -120,8 +120,12 @@ _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 500, 5
 
 @router.post("/v1/score", response_model=ScoreResponse, responses=_ERRORS)
 @router.post("/score", response_model=ScoreResponse, include_in_schema=False)
-async def create_score(body: ScoreRequest, request: Request) -> ScoreResponse:
-    serving = _serving(request)
+async def create_score(body: ScoreRequest, request: Request) -> Any:
+    # cancelled when the client leaves: no further chunk of its texts is embedded (AsyncLLM.embed)
+    return await cancel_on_disconnect(request, _score(_serving(request), body))
+
+
+async def _score(serving: OpenAIServingScore, body: ScoreRequest) -> ScoreResponse:
     firsts, seconds = _pairs(body.text_1, body.text_2)
     scores, tokens = await serving.scores(body, firsts, seconds)
     return ScoreResponse(id=random_id("score"), created=int(time.time()), model=serving.model_name,
@@ -132,8 +136,11 @@ async def create_score(body: ScoreRequest, request: Request) -> ScoreResponse:
 @router.post("/v1/rerank", response_model=RerankResponse, responses=_ERRORS)
 @router.post("/rerank", response_model=RerankResponse, include_in_schema=False)
 @router.post("/v2/rerank", response_model=RerankResponse, include_in_schema=False)
-async def create_rerank(body: RerankRequest, request: Request) -> RerankResponse:
-    serving = _serving(request)
+async def create_rerank(body: RerankRequest, request: Request) -> Any:
+    return await cancel_on_disconnect(request, _rerank(_serving(request), body))
+
+
+async def _rerank(serving: OpenAIServingScore, body: RerankRequest) -> RerankResponse:
     scores, tokens = await serving.scores(body, [body.query] * len(body.documents), body.documents)
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
     if body.top_n:

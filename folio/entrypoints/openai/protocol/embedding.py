@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidatorFunctionWrapHandler, field_validator
 
 from folio.entrypoints.openai.protocol.common import OpenAIBaseModel, TokenId, UsageInfo, prompt_in_words
+from folio.entrypoints.openai.protocol.unsupported import unsupported
 
 EmbeddingInput = (
     Annotated[str, Field(min_length=1)]
@@ -26,7 +27,10 @@ class EmbeddingRequest(OpenAIBaseModel):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     add_special_tokens: bool = True
     normalize: bool | None = None
-    priority: int = 0
+    # Embeddings are computed between generation steps, outside the scheduler's queue: a priority
+    # would be ignored, so any but 0 is a 400 naming the field (as completions refuse one on FCFS).
+    priority: unsupported((0,), "embeddings run between generation steps, outside the scheduler's "
+                          "queue, so they have no priority") = 0
     # folio's: "LAST" or "MEAN" pooling for this request (default: the server's pooler_config)
     pooling_type: Literal["LAST", "MEAN", "last", "mean"] | None = None
 
