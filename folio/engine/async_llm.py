@@ -197,15 +197,19 @@ class AsyncLLM:
         refused, or the caller is cancelled, all are withdrawn."""
         self._check_accepting([r[0] for r in requests], [params.n for _, _, params in requests])
         sent = []
-        for request_id, prompt, params in requests:
-            # (beam search's params have no output kind: its one output comes when it finishes)
-            cumulative = getattr(params, "output_kind", None) == RequestOutputKind.CUMULATIVE
-            stream, future = RequestStream(request_id, self._abort, cumulative=cumulative), self._loop.create_future()
-            self._streams[request_id], self._pending[request_id] = stream, future
-            sent.append((stream, future))
-            self._pending_sequences += params.n
-            self.core.send(AddCommand(request_id, prompt, params, priority, lora_request))
         try:
+            for request_id, prompt, params in requests:
+                # (beam search's params have no output kind: its one output comes when it finishes)
+                cumulative = getattr(params, "output_kind", None) == RequestOutputKind.CUMULATIVE
+                stream, future = RequestStream(request_id, self._abort, cumulative=cumulative), self._loop.create_future()
+                try:  # (an engine process tokenizes here: a send that raises leaves nothing behind)
+                    self.core.send(AddCommand(request_id, prompt, params, priority, lora_request))
+                except BaseException:
+                    stream.finished = True
+                    raise
+                self._streams[request_id], self._pending[request_id] = stream, future
+                sent.append((stream, future))
+                self._pending_sequences += params.n
             await asyncio.wait([future for _, future in sent])  # every add answered
             errors = [future.exception() for _, future in sent if future.exception() is not None]
             if errors:

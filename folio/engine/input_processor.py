@@ -113,8 +113,11 @@ class InputProcessor:
                 raise SamplingParamsError("bad_words", "bad_words needs a tokenizer; this engine has none.")
             params.update_from_tokenizer(self.tokenizer)
             always = {ids[0] for ids in params.bad_words_token_ids if len(ids) == 1}  # banned at every step
-            if params.allowed_token_ids and set(params.allowed_token_ids) <= always:
-                raise SamplingParamsError("bad_words", "bad_words bans every token in allowed_token_ids: nothing "
+            ending = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else self.eos_token_ids)
+            first = always | (ending if params.min_tokens else set())  # what the first token may not be
+            if params.allowed_token_ids and set(params.allowed_token_ids) <= first:
+                raise SamplingParamsError("bad_words", "bad_words bans every token in allowed_token_ids"
+                                          f"{' that min_tokens leaves' if params.min_tokens else ''}: nothing "
                                           "can be generated.")
         return params
 

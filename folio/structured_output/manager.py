@@ -29,7 +29,7 @@ from folio.core.request import Request
 from folio.logger import init_logger
 from folio.sampling_params import SamplingParams, SamplingParamsError
 from folio.structured_output.backend import CompiledGrammar, GrammarBackend, GrammarTimer
-from folio.structured_output.spec import GrammarSpec, schema_nodes
+from folio.structured_output.spec import GrammarSpec, schema_nodes, tag_schemas
 
 logger = init_logger(__name__)
 
@@ -137,6 +137,9 @@ class StructuredOutputManager:
             return spec
         if spec.kind == "json":
             _refuse_external_refs(json.loads(spec.value))
+        elif spec.kind == "structural_tag":
+            for schema in tag_schemas(spec.value):
+                _refuse_external_refs(schema)
         try:
             self._check_with_backends(spec)
         except SamplingParamsError:

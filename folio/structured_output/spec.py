@@ -52,6 +52,9 @@ class GrammarSpec:
             return cls(kind, "", any_whitespace)
         if kind == "choice":
             return cls(kind, json.dumps(params.choice), any_whitespace)
+        if kind == "structural_tag":
+            for schema in tag_schemas(params.structural_tag):  # the same checks as a json constraint's
+                parse_json_schema(schema)
         return cls(kind, getattr(params, kind), any_whitespace)
 
 
@@ -76,6 +79,32 @@ def parse_json_schema(schema: str | dict[str, Any] | None) -> dict[str, Any] | b
     except RecursionError:  # a caller already deep in its own stack; never a 500
         raise _too_deep() from None
     return schema
+
+
+def tag_schemas(tag: Any) -> list[Any]:
+    """The JSON schemas inside a structural tag (its structures' "schema", or a format's
+    "json_schema"), found without recursion; [] for a tag that is not JSON (the backend says why).
+    A tag nested past MAX_SCHEMA_DEPTH (plus its own few levels) is refused like a deep schema."""
+    try:
+        tag = json.loads(tag) if isinstance(tag, str) else tag
+    except json.JSONDecodeError:
+        return []
+    except RecursionError:
+        raise _too_deep() from None
+    if json_depth(tag) > MAX_SCHEMA_DEPTH + 8:
+        raise _too_deep()
+    found, stack = [], [tag]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("schema", "json_schema") and isinstance(value, (dict, bool)):
+                    found.append(value)
+                else:
+                    stack.append(value)
+    return found
 
 
 def _too_deep() -> SamplingParamsError:

@@ -81,3 +81,8 @@ def test_bad_words_that_ban_every_allowed_token_are_refused():
     assert err.value.param == "bad_words"
     processor.check_params(SamplingParams(allowed_token_ids=[word, other], bad_words=["x"]), 3)
     processor.check_params(SamplingParams(bad_words=["x"]), 3)
+    # the two causes together: bad_words bans x, min_tokens bans EOS (a review of the fix)
+    eos = tok.eos_token_id
+    with pytest.raises(SamplingParamsError, match="that min_tokens leaves"):
+        processor.check_params(SamplingParams(allowed_token_ids=[word, eos], bad_words=["x"], min_tokens=3), 3)
+    processor.check_params(SamplingParams(allowed_token_ids=[word, eos], bad_words=["x"]), 3)  # EOS may end it

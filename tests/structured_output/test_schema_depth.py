@@ -109,6 +109,8 @@ def chat(server, **body) -> httpx.Response:
         (dict(guided_json=json.dumps(items(500))), "structured_outputs"),
         (dict(structured_outputs={"json": items(150)}), "structured_outputs"),
         (dict(tools=[tool(items(150))], tool_choice="required"), "tools"),
+        # within the limit alone, past it once "required" wraps it in the list of calls
+        (dict(tools=[tool(items(MAX_SCHEMA_DEPTH - 2))], tool_choice="required"), "tools"),
         (dict(tools=[tool(properties(150))], tool_choice={"type": "function", "function": {"name": "f"}}), "tools"),
     ],
 )

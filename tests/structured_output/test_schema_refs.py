@@ -43,3 +43,24 @@ def test_a_reference_outside_the_schema_is_a_400_naming_structured_outputs(manag
 ])
 def test_local_references_pass(manager, schema):
     assert manager.check(SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))) is not None
+
+
+def _tag(schema) -> str:
+    import json
+
+    return json.dumps({"structures": [{"begin": "<a>", "schema": schema, "end": "</a>"}], "triggers": ["<a>"]})
+
+
+def test_a_structural_tag_gets_the_same_checks_for_its_schemas(manager):
+    """A review of the fixes: schemas inside a structural tag skipped both the external-$ref refusal
+    and the depth cap (xgrammar then built a 400-level schema for 2.4 s on the engine thread)."""
+    deep: object = {"type": "string"}
+    for _ in range(200):
+        deep = {"type": "array", "items": deep}
+    for schema, match in (({"$ref": "http://example.com/x.json"}, "outside the schema"), (deep, "nested too deeply"),
+                          ({"type": 5}, "Invalid JSON schema")):
+        with pytest.raises(SamplingParamsError, match=match) as error:
+            manager.check(SamplingParams(structured_outputs=StructuredOutputsParams(structural_tag=_tag(schema))))
+        assert error.value.param == "structured_outputs"
+    ok = {"type": "object", "properties": {"a": {"$ref": "#/$defs/b"}}, "$defs": {"b": {"type": "string"}}}
+    assert manager.check(SamplingParams(structured_outputs=StructuredOutputsParams(structural_tag=_tag(ok))))

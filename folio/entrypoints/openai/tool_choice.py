@@ -77,7 +77,12 @@ def plan_tools(
             )
         return ToolPlan("auto", parser=parser)
     if tool_choice == "required":
-        return ToolPlan("required", schema=required_schema(schemas, parallel_tool_calls is not False))
+        schema = required_schema(schemas, parallel_tool_calls is not False)
+        try:  # the list of calls nests each tool's schema a few levels deeper (spec.MAX_SCHEMA_DEPTH)
+            parse_json_schema(schema)
+        except SamplingParamsError as e:
+            raise BadRequestError(f"tools: {e}", param="tools") from None
+        return ToolPlan("required", schema=schema)
     assert isinstance(tool_choice, NamedToolChoice)
     name = tool_choice.function.name
     if name not in schemas:
