@@ -99,8 +99,7 @@ class AsyncLLM:
         self._pending_sequences = 0
         self._embeds: dict[str, asyncio.Future] = {}  # embed chunks sent, not yet answered
         self._embedding: set[str] = set()  # the ids of the embed calls in progress
-        # (an engine process does not tell its scheduler's: the defaults, finer cuts if its are larger)
-        sched = self.engine.config.scheduler if self.engine is not None else SchedulerConfig()
+        sched = getattr(self.core, "scheduler_config", None) or SchedulerConfig()  # the engine's step limits
         self._embed_chunk_limits = (sched.max_num_batched_tokens, sched.max_num_seqs)
         self._stats = self.core.initial_stats
         self._dead: EngineDeadError | None = None

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from folio.config import ModelConfig
+from folio.config.scheduler import SchedulerConfig
 from folio.engine.engine_loop import (
     AbortCommand,
     Accepted,
@@ -58,6 +59,7 @@ class EngineThread:
         self.tokenizer = engine.get_tokenizer()
         self.default_params: SamplingParams = engine.default_sampling_params()
         self.initial_stats: EngineStats = engine.stats()
+        self.scheduler_config: SchedulerConfig = engine.config.scheduler
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -95,6 +97,7 @@ class Ready:
     has_tokenizer: bool
     default_params: SamplingParams
     stats: EngineStats
+    scheduler_config: SchedulerConfig  # its step limits (AsyncLLM.embed cuts its chunks by them)
 
 
 def build_engine(args: EngineArgs) -> LLMEngine:
@@ -147,6 +150,7 @@ class EngineProcess:
             self.tokenizer = get_tokenizer(ready.model_config.tokenizer) if ready.has_tokenizer else None
             self.default_params: SamplingParams = ready.default_params
             self.initial_stats: EngineStats = ready.stats
+            self.scheduler_config: SchedulerConfig = ready.scheduler_config
             self._ready = ready
         return self
 
@@ -246,7 +250,7 @@ def run_engine_process(make_engine: Callable[[], LLMEngine], conn: Any) -> None:
     engine.output_processor.wire_records = True  # streamed steps as wire records, not RequestOutputs
     freeze_startup_heap("Engine process")
     conn.send(Ready(engine.config.model, engine.get_tokenizer() is not None,
-                    engine.default_sampling_params(), engine.stats()))
+                    engine.default_sampling_params(), engine.stats(), engine.config.scheduler))
     EngineLoop(engine, _pipe_take(conn), _pipe_emit(conn)).run()
 
 

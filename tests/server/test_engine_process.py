@@ -84,3 +84,16 @@ def test_a_killed_engine_process_fails_requests_and_health(checkpoint):
 def test_an_engine_that_cannot_start_says_why(tmp_path):
     with pytest.raises(ValueError, match="config.json"):
         AsyncLLM.from_engine_args(EngineArgs(model=str(tmp_path), device="cpu"), engine_process=True)
+
+
+def test_embeddings_from_an_engine_process_are_cut_at_its_own_step_limits(checkpoint):
+    """The engine process tells its scheduler's limits at start (Ready), so AsyncLLM.embed cuts its
+    chunks where the pooler cuts its batches, not at the defaults (a review of session 27's fix)."""
+    engine = make_engine(checkpoint, engine_process=True, max_num_batched_tokens=512, max_num_seqs=3)
+    with ServerThread(engine) as running:
+        sched = running.engine.core.scheduler_config
+        assert (sched.max_num_batched_tokens, sched.max_num_seqs) == (512, 3)
+        prompts = [[5] * 100] * 4 + [[6] * 250] * 2  # three prompts or 512 tokens a chunk at most
+        assert [len(c) for c in running.engine.embed_chunks(prompts)] == [3, 2, 1]
+        r = httpx.post(f"{running.base_url}/embeddings", json={"input": prompts}, timeout=HANG_LIMIT_S)
+        assert r.status_code == 200 and len(r.json()["data"]) == 6, r.text
