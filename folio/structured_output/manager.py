@@ -262,11 +262,15 @@ def no_first_token(request: Request, vocab_size: int) -> str | None:
     return None
 
 
+_REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
 def _refuse_external_refs(schema: Any) -> None:
-    """Neither backend fetches a $ref outside the schema (another file, a URL): it would leave that
-    part of the output unconstrained, so it is a 400 (local "#/..." references are resolved)."""
-    outside = sorted({node["$ref"] for node in schema_nodes(schema)
-                      if isinstance(node.get("$ref"), str) and node["$ref"][:1] not in ("", "#")})
+    """Neither backend fetches a reference outside the schema (another file, a URL): it would leave
+    that part of the output unconstrained, so it is a 400 (local "#/..." references are resolved)."""
+    outside = sorted({(key, node[key]) for node in schema_nodes(schema) for key in _REF_KEYWORDS
+                      if isinstance(node.get(key), str) and node[key][:1] not in ("", "#")})
     if outside:
-        raise SamplingParamsError("structured_outputs", f"JSON schema $ref {outside[0]!r} points outside the "
+        key, ref = outside[0]
+        raise SamplingParamsError("structured_outputs", f"JSON schema {key} {ref!r} points outside the "
                                   "schema; only local references (\"#/...\") are resolved.")

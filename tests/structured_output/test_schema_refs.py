@@ -28,6 +28,8 @@ def manager(monkeypatch):
     {"$ref": "other.json"},
     {"type": "object", "properties": {"a": {"anyOf": [{"type": "null"}, {"$ref": "https://x.example/y#/a"}]}}},
     {"type": "array", "items": {"$ref": "defs.json#/$defs/item"}, "$defs": {"item": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"$dynamicRef": "https://x.example/meta#items"}}},
+    {"type": "object", "properties": {"a": {"$recursiveRef": "other.json"}}},
 ])
 def test_a_reference_outside_the_schema_is_a_400_naming_structured_outputs(manager, schema):
     params = SamplingParams(structured_outputs=StructuredOutputsParams(json=schema))
