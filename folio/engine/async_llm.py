@@ -27,7 +27,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from folio.config.scheduler import SchedulerConfig
 from folio.engine.arg_utils import EngineArgs
 from folio.engine.embed_chunks import embed_chunks
 from folio.engine.engine_core import EngineProcess, EngineThread
@@ -99,7 +98,7 @@ class AsyncLLM:
         self._pending_sequences = 0
         self._embeds: dict[str, asyncio.Future] = {}  # embed chunks sent, not yet answered
         self._embedding: set[str] = set()  # the ids of the embed calls in progress
-        sched = getattr(self.core, "scheduler_config", None) or SchedulerConfig()  # the engine's step limits
+        sched = self.core.scheduler_config  # the engine's step limits (an engine process's from Ready)
         self._embed_chunk_limits = (sched.max_num_batched_tokens, sched.max_num_seqs)
         self._stats = self.core.initial_stats
         self._dead: EngineDeadError | None = None

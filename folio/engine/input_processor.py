@@ -96,15 +96,7 @@ class InputProcessor:
                 self._check_token_id(tok, name)
         for tok in (params.logit_bias or {}):
             self._check_token_id(tok, "logit_bias")
-        if params.min_tokens:
-            banned = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else self.eos_token_ids)
-            allowed = params.allowed_token_ids
-            if (set(allowed) <= banned if allowed else  # min_tokens bans every token it may take
-                    len(banned) >= self.vocab_size and banned.issuperset(range(self.vocab_size))):
-                field = "allowed_token_ids" if params.allowed_token_ids else "stop_token_ids"
-                raise SamplingParamsError(field, f"Every token {'in allowed_token_ids ' if params.allowed_token_ids else ''}"
-                                          "ends the output (EOS or stop_token_ids), which min_tokens forbids: "
-                                          "nothing can be generated.")
+        ending = self._check_min_tokens(params)
         if params.stop and self.tokenizer is None:  # no text is made: the strings would never match
             raise SamplingParamsError("stop", "stop strings need a tokenizer; this engine has none "
                                               "(use stop_token_ids).")
@@ -112,14 +104,34 @@ class InputProcessor:
             if self.tokenizer is None:
                 raise SamplingParamsError("bad_words", "bad_words needs a tokenizer; this engine has none.")
             params.update_from_tokenizer(self.tokenizer)
-            always = {ids[0] for ids in params.bad_words_token_ids if len(ids) == 1}  # banned at every step
+            self._check_bad_words(params, ending)
+        return params
+
+    def _check_min_tokens(self, params: SamplingParams) -> set[int]:
+        """The tokens min_tokens bans (EOS, stop_token_ids; none without min_tokens); a 400 if they
+        are every token the output may start with."""
+        allowed = params.allowed_token_ids
+        ending: set[int] = set()
+        if params.min_tokens:
             ending = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else self.eos_token_ids)
-            first = always | (ending if params.min_tokens else set())  # what the first token may not be
-            if params.allowed_token_ids and set(params.allowed_token_ids) <= first:
+            if (set(allowed) <= ending if allowed else  # min_tokens bans every token it may take
+                    len(ending) >= self.vocab_size and ending.issuperset(range(self.vocab_size))):
+                field = "allowed_token_ids" if allowed else "stop_token_ids"
+                raise SamplingParamsError(field, f"Every token {'in allowed_token_ids ' if allowed else ''}"
+                                          "ends the output (EOS or stop_token_ids), which min_tokens forbids: "
+                                          "nothing can be generated.")
+        return ending
+
+    def _check_bad_words(self, params: SamplingParams, ending: set[int]) -> None:
+        """A 400 if bad_words' one-token words (and min_tokens' bans, `ending`) cover
+        allowed_token_ids (the engine answered 200 with a token outside them: session 27's review)."""
+        allowed = params.allowed_token_ids
+        if allowed:
+            always = {ids[0] for ids in params.bad_words_token_ids if len(ids) == 1}  # banned at every step
+            if set(allowed) <= always | ending:
                 raise SamplingParamsError("bad_words", "bad_words bans every token in allowed_token_ids"
                                           f"{' that min_tokens leaves' if params.min_tokens else ''}: nothing "
                                           "can be generated.")
-        return params
 
     def truncate_prompt(self, prompt: ProcessedPrompt, params: Any) -> ProcessedPrompt:
         """truncate_prompt_tokens: keep the prompt's last k token ids (text kept as given)."""

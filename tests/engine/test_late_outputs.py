@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from folio.config.scheduler import SchedulerConfig
 from folio.engine.async_llm import AsyncLLM
 from folio.engine.engine_loop import Died, RequestError, Stepped
 from folio.engine.engine_stats import EngineStats
@@ -16,6 +17,7 @@ class _Core:
     engine = None
     model_config = SimpleNamespace(served_model_name="m")
     initial_stats = EngineStats(0, 0, 1, 1, 0.0, 0)
+    scheduler_config = SchedulerConfig()
 
     def send(self, command) -> None:
         raise AssertionError("nothing is sent to the engine here")

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from folio.config.scheduler import SchedulerConfig
 from folio.engine.async_llm import AsyncLLM, EngineDeadError, QueueFullError, RequestStream
 from folio.engine.engine_loop import AbortCommand, AddCommand
 from folio.engine.engine_stats import EngineStats
@@ -66,6 +67,7 @@ class StubCore:
     tokenizer = None
     model_config = SimpleNamespace(max_model_len=64, vocab_size=100, served_model_name="m")
     initial_stats = EngineStats(0, 0, 1, 1, 0.0, 0)
+    scheduler_config = SchedulerConfig()
     default_params = SamplingParams()
 
     def __init__(self) -> None:

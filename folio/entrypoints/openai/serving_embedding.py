@@ -92,10 +92,7 @@ class OpenAIServingEmbedding(OpenAIServing):
             least = [self.at_least_tokens(item) if isinstance(item, str) else len(item) for item in items]
             for item, n in zip(items, least):
                 if isinstance(item, str) and n > self.max_model_len:
-                    raise BadRequestError(
-                        f"This model's maximum context length is {self.max_model_len} tokens, and the {param} "
-                        f"({len(item)} characters) is at least {n} tokens long.",
-                        param=param, code="context_length_exceeded")
+                    raise self.too_long_text(item, n, param, param)
             self._check_total_tokens(sum(least), param, "at least ")
 
         special = getattr(request, "add_special_tokens", True)  # (score and rerank requests: True)

@@ -176,13 +176,14 @@ class OpenAIServing:
         self.require_tokenizer(param, "text prompts")
         least = self.at_least_tokens(text)
         if not truncating and least > self.max_model_len:
-            noun = param if param in ("messages", "input") else "prompt"
-            raise BadRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens, and the {noun} "
-                f"({len(text)} characters) is at least {least} tokens long.",
-                param=param, code="context_length_exceeded",
-            )
+            raise self.too_long_text(text, least, param, param if param in ("messages", "input") else "prompt")
         return await asyncio.to_thread(self.encode, text, add_special_tokens, param)
+
+    def too_long_text(self, text: str, least: int, param: str, noun: str) -> BadRequestError:
+        """The 400 for a text at least `least` tokens long (at_least_tokens) past the context."""
+        return BadRequestError(f"This model's maximum context length is {self.max_model_len} tokens, and the "
+                               f"{noun} ({len(text)} characters) is at least {least} tokens long.",
+                               param=param, code="context_length_exceeded")
 
     def at_least_tokens(self, text: str) -> int:
         """A lower bound on the tokens of `text`: no token covers more characters than the
