@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from typing import Any
 
 
@@ -59,19 +60,30 @@ def normalize_logit_bias(bias: Any) -> dict[int, float]:
         raise SamplingParamsError("logit_bias", "logit_bias must map token ids to numbers.")
     out: dict[int, float] = {}
     for key, value in bias.items():
-        try:
-            if isinstance(key, (bool, float)):  # 1.7 or True would silently become token 1
-                raise TypeError(key)
-            tok = int(key)  # ints, and JSON's string keys ("50256")
-        except (TypeError, ValueError):
-            raise SamplingParamsError(
-                "logit_bias", f"logit_bias keys must be token ids, got {key!r}."
-            ) from None
+        tok = _bias_token_id(key)
         if tok < 0:
             raise SamplingParamsError("logit_bias", f"logit_bias token id {tok} is negative.")
+        if tok in out:  # 5 and "5" in one offline dict: which bias wins would be a guess
+            raise SamplingParamsError("logit_bias", f"logit_bias names token {tok} twice.")
         check_range("logit_bias", value, -100.0, 100.0)
         out[tok] = float(value)
     return out
+
+
+# A key as JSON writes a token id: ASCII digits, no sign but "-", no leading zero, no "_" or spaces.
+# int() alone would read "1_0" as 10, " 5" and "05" as 5 and "５" (a full-width digit) as 5.
+_TOKEN_ID_KEY = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _bias_token_id(key: Any) -> int:
+    """A logit_bias key as a token id: an int (not a bool), or its canonical decimal string."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if isinstance(key, str) and _TOKEN_ID_KEY.fullmatch(key):
+        return int(key)
+    raise SamplingParamsError(
+        "logit_bias", f"logit_bias keys must be token ids written as decimal integers, got {key!r}."
+    )
 
 
 MAX_LENGTH_PENALTY = 10.0

@@ -29,7 +29,7 @@ from folio.core.request import Request
 from folio.logger import init_logger
 from folio.sampling_params import SamplingParams, SamplingParamsError
 from folio.structured_output.backend import CompiledGrammar, GrammarBackend, GrammarTimer
-from folio.structured_output.spec import GrammarSpec, schema_nodes, tag_schemas
+from folio.structured_output.spec import REF_KEYWORDS, GrammarSpec, schema_nodes, tag_schemas
 
 logger = init_logger(__name__)
 
@@ -262,13 +262,10 @@ def no_first_token(request: Request, vocab_size: int) -> str | None:
     return None
 
 
-_REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
-
-
 def _refuse_external_refs(schema: Any) -> None:
     """Neither backend fetches a reference outside the schema (another file, a URL): it would leave
     that part of the output unconstrained, so it is a 400 (local "#/..." references are resolved)."""
-    outside = sorted({(key, node[key]) for node in schema_nodes(schema) for key in _REF_KEYWORDS
+    outside = sorted({(key, node[key]) for node in schema_nodes(schema) for key in REF_KEYWORDS
                       if isinstance(node.get(key), str) and node[key][:1] not in ("", "#")})
     if outside:
         key, ref = outside[0]

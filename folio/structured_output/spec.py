@@ -11,8 +11,10 @@ otherwise end in a RecursionError (HTTP 500) on the event loop or the engine thr
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
+from urllib.parse import urldefrag, urljoin
 from typing import Any
 
 import jsonschema
@@ -45,6 +47,7 @@ class GrammarSpec:
         any_whitespace = not (params.disable_any_whitespace or disable_any_whitespace)
         if kind == "json":
             schema = parse_json_schema(params.json)
+            schema = local_refs(schema)
             if params.disable_additional_properties:
                 schema = _closed_objects(schema)
             return cls(kind, json.dumps(schema), any_whitespace)
@@ -139,6 +142,36 @@ def _closed_objects(schema: Any) -> Any:
     if (closed.get("type") == "object" or "properties" in closed) and "additionalProperties" not in closed:
         closed["additionalProperties"] = False
     return closed
+
+
+REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def local_refs(schema: Any) -> Any:
+    """The schema with references into its own document written as local ones.
+
+    A reference that resolves against the root's `$id` to that same document ("https://x/s.json#/a",
+    or "s.json#/a" under that `$id`) is local, but neither backend resolves it: xgrammar warns and
+    leaves that part unconstrained. It becomes "#/a". A schema with an `$id` below its root is left
+    as it is (its references resolve against other base URIs; a non-local one stays refused).
+    Returns the caller's object itself when nothing changes (it is not mutated)."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("$id"), str):
+        return schema
+    nodes = schema_nodes(schema)
+    if any("$id" in node for node in nodes[1:]):
+        return schema
+    document = urldefrag(schema["$id"]).url
+    if not document:
+        return schema
+    schema = copy.deepcopy(schema)
+    for node in schema_nodes(schema):
+        for key in REF_KEYWORDS:
+            ref = node.get(key)
+            if isinstance(ref, str) and ref[:1] not in ("", "#"):
+                target, fragment = urldefrag(urljoin(document, ref))
+                if target == document:
+                    node[key] = "#" + fragment
+    return schema
 
 
 # Keywords whose values are maps from names to schemas (their keys are not keywords).

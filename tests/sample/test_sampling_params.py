@@ -47,6 +47,13 @@ INVALID = [
     # found by a review: coerced or read by truthiness before
     ("logit_bias", {1.7: 1.0}),
     ("logit_bias", {True: 1.0}),
+    # read by int() before: "1_0" as token 10, " 5" / "05" / a full-width digit as token 5
+    ("logit_bias", {"1_0": 1.0}),
+    ("logit_bias", {" 5": 1.0}),
+    ("logit_bias", {"05": 1.0}),
+    ("logit_bias", {"\uff15": 1.0}),
+    ("logit_bias", {"+5": 1.0}),
+    ("logit_bias", {5: 1.0, "5": -1.0}),  # one token twice: which bias would win is a guess
     ("ignore_eos", "no"),
     ("skip_special_tokens", 0),
     ("include_stop_str_in_output", None),

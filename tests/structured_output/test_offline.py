@@ -106,6 +106,19 @@ def test_json_object_and_ebnf_grammar(llm):
         assert c.finish_reason == "stop" and re.fullmatch(r"\([1-9]\d?([+*][1-9]\d?)*\)", c.text), c.text
 
 
+def test_a_reference_through_the_schemas_own_id_is_enforced(llm):
+    """"$ref": "<the root's $id>#/..." is local (jsonschema resolves it so); before, it was refused,
+    and handed to xgrammar as it is, that property would go unconstrained (a warning only)."""
+    schema = {"$id": "https://example.com/s.json", "type": "object", "required": ["n", "pet"],
+              "additionalProperties": False,
+              "properties": {"n": {"$ref": "https://example.com/s.json#/$defs/n"}, "pet": {"$ref": "s.json#/$defs/pet"}},
+              "$defs": {"n": {"type": "integer", "minimum": 0, "maximum": 9}, "pet": {"enum": ["cat", "dog"]}}}
+    params = SamplingParams(temperature=1.0, n=4, max_tokens=60, structured_outputs=_json(schema))
+    for c in llm.generate(PROMPTS[0], params, use_tqdm=False)[0].outputs:
+        assert c.finish_reason == "stop", c.text
+        jsonschema.validate(json.loads(c.text), schema)
+
+
 def test_constrained_and_free_requests_share_a_batch(llm):
     free = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     (alone,) = llm.generate(PROMPTS[1], free, use_tqdm=False)

@@ -3,11 +3,14 @@ so that part of the output would go unconstrained while the client believes it i
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from folio.config.structured_outputs import StructuredOutputsConfig
 from folio.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams
 from folio.structured_output import manager as manager_module
+from folio.structured_output.spec import local_refs
 
 
 class _AcceptsAll:
@@ -66,3 +69,41 @@ def test_a_structural_tag_gets_the_same_checks_for_its_schemas(manager):
         assert error.value.param == "structured_outputs"
     ok = {"type": "object", "properties": {"a": {"$ref": "#/$defs/b"}}, "$defs": {"b": {"type": "string"}}}
     assert manager.check(SamplingParams(structured_outputs=StructuredOutputsParams(structural_tag=_tag(ok))))
+
+
+_BY_ID = {
+    "$id": "https://example.com/person.json", "type": "object", "required": ["age", "pet"],
+    "properties": {"age": {"$ref": "https://example.com/person.json#/$defs/age"},
+                   "pet": {"$ref": "person.json#/$defs/pet"}},
+    "$defs": {"age": {"type": "integer"}, "pet": {"enum": ["cat", "dog"]}},
+}
+
+
+def test_a_reference_through_the_roots_id_is_local(manager):
+    """A second review: an absolute $ref equal to the schema's own $id was refused as external. It
+    is local; the backends do not resolve it (xgrammar warns and leaves it unconstrained), so the
+    spec carries it as "#/..."."""
+    spec = manager.check(SamplingParams(structured_outputs=StructuredOutputsParams(json=_BY_ID)))
+    props = json.loads(spec.value)["properties"]
+    assert props == {"age": {"$ref": "#/$defs/age"}, "pet": {"$ref": "#/$defs/pet"}}
+    assert _BY_ID["properties"]["age"]["$ref"].startswith("https://")  # the caller's dict is not touched
+
+
+@pytest.mark.parametrize("schema", [
+    {**_BY_ID, "properties": {"age": {"$ref": "https://example.com/other.json#/$defs/age"}}},  # another document
+    {**_BY_ID, "properties": {"age": {"$id": "https://elsewhere.example/", "$ref": "person.json#/$defs/age"}}},
+])
+def test_references_to_other_documents_stay_refused(manager, schema):
+    with pytest.raises(SamplingParamsError, match="outside the schema"):
+        manager.check(SamplingParams(structured_outputs=StructuredOutputsParams(json=schema)))
+
+
+def test_local_refs_rewrites_every_reference_keyword_and_leaves_the_rest():
+    schema = {"$id": "urn:example:s", "$defs": {"a": {"type": "string"}},
+              "properties": {"x": {"$ref": "urn:example:s#/$defs/a"}, "y": {"$dynamicRef": "urn:example:s"},
+                             "z": {"$ref": "#/$defs/a"}, "w": {"const": {"$ref": "urn:example:s"}}}}
+    props = local_refs(schema)["properties"]
+    assert props["x"] == {"$ref": "#/$defs/a"} and props["y"] == {"$dynamicRef": "#"}
+    assert props["z"] == {"$ref": "#/$defs/a"} and props["w"] == {"const": {"$ref": "urn:example:s"}}  # data, not a schema
+    unchanged = {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}}
+    assert local_refs(unchanged) is unchanged
