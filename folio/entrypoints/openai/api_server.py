@@ -28,6 +28,7 @@ from folio.entrypoints.openai.dashboard import install_dashboard
 from folio.entrypoints.openai.cli_args import ServerConfig, engine_process_wanted, make_arg_parser
 from folio.entrypoints.openai.compat_routes import add_cors, include_compat_routes, log_requests
 from folio.entrypoints.openai.errors import install_error_handlers
+from folio.entrypoints.openai.protocol.unsupported import IgnoredFieldsLog
 from folio.entrypoints.openai.router import ServingState, refuse_lone_surrogates, router
 from folio.entrypoints.openai.serving_chat import OpenAIServingChat
 from folio.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -66,6 +67,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig | None = None) -> FastAPI:
     if config.dashboard:
         install_dashboard(app, engine)
     install_error_handlers(app)
+    app.add_middleware(IgnoredFieldsLog)  # outside the 500s: a failed request logs no ignored fields
     engine.metrics.export_vllm = frontend.metrics_compat == "vllm"
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)

@@ -1,9 +1,10 @@
 """Errors at the HTTP edge: every failure leaves as `{"error": {message, type, param, code}}`.
 
 Handlers raise an APIError subclass; `install_error_handlers` turns those, FastAPI's request
-validation errors (400, never 422), Starlette's routing errors (404, 405) and anything
-unexpected (500) into that one shape. `lone_surrogate_error` finds text that is not Unicode in a
-request body (router.refuse_lone_surrogates runs it for every route).
+validation errors (400, never 422, a body not sent as JSON or not parsable told why),
+Starlette's routing errors (404, 405) and anything unexpected (500, the connection kept) into
+that one shape. `lone_surrogate_error` finds text that is not Unicode in a request body
+(router.refuse_lone_surrogates runs it for every route).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from folio.engine.async_llm import EngineDeadError, QueueFullError
 from folio.logger import init_logger
@@ -112,7 +114,38 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    # Only for what escapes an outer middleware: Starlette's ServerErrorMiddleware answers with
+    # it, then re-raises, and uvicorn closes the connection. Handlers' errors stop earlier:
     app.add_exception_handler(Exception, _unexpected_error)
+    app.add_middleware(UnexpectedErrorMiddleware)
+
+
+class UnexpectedErrorMiddleware:
+    """An exception from a route: the JSON 500, logged once (internal_error), and not re-raised,
+    so the keep-alive connection survives (re-raised, uvicorn logs it again and closes it). Once
+    the response has started, re-raised after all: only closing the connection tells the client
+    its response is cut short."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        except Exception as exc:
+            if started:
+                raise
+            await internal_error(exc).response()(scope, receive, send)
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -120,7 +153,12 @@ async def _api_error(request: Request, exc: APIError) -> JSONResponse:
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return validation_error(exc.errors()).response()
+    errors = exc.errors()
+    if errors and tuple(errors[0].get("loc", ()))[:1] == ("body",):
+        problem = _not_json_content_type(request.headers.get("content-type"))
+        if problem is not None:  # FastAPI left the body unparsed: whatever pydantic says misleads
+            return BadRequestError(problem).response()
+    return validation_error(errors).response()
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -128,6 +166,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
         error: APIError = NotFoundError(f"No route {request.method} {request.url.path}.")
     elif exc.status_code == 405:
         error = MethodNotAllowedError(f"Method {request.method} is not allowed on {request.url.path}.")
+    elif exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not parse the body
+        error = BadRequestError(_unparsable_body(request, exc.__cause__))
     else:
         error = APIError(str(exc.detail))
         error.status_code = exc.status_code
@@ -139,6 +179,54 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return internal_error(exc).response()
 
 
+# ---- request bodies that are not JSON ---------------------------------------------------------
+
+_SEND_JSON = "The request body must be JSON sent with Content-Type: application/json"
+
+
+def _not_json_content_type(content_type: str | None) -> str | None:
+    """Why FastAPI did not read the body as JSON (it reads application/json and */*+json only,
+    and, as in vLLM, not a body without a content type); None when the type is JSON."""
+    if not content_type:
+        return f"{_SEND_JSON}; the request has no Content-Type."
+    media = content_type.partition(";")[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return None
+    return f"{_SEND_JSON}, not {media}."
+
+
+def _unparsable_body(request: Request, cause: BaseException) -> str:
+    """The reason a JSON body failed to parse, where FastAPI says only "There was an error
+    parsing the body": json.loads refused the bytes for something other than JSON syntax."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        return f"The request body is unreadable: Content-Encoding {encoding} is not supported; send it uncompressed."
+    if isinstance(cause, UnicodeDecodeError):
+        charset = _charset(request.headers.get("content-type", ""))
+        told = f" (charset={charset} is not supported)" if charset not in (None, "utf-8", "utf8") else ""
+        byte = cause.object[cause.start:cause.start + 1].hex()
+        return f"The request body is not valid UTF-8{told}: byte 0x{byte} at position {cause.start}."
+    if isinstance(cause, RecursionError):
+        return "The request body is not valid JSON: it is nested too deeply."
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return "The request body is not valid JSON: an integer literal too long (more than 4300 digits)."
+    return f"The request body could not be parsed: {type(cause).__name__}: {cause}".rstrip(": ") + "."
+
+
+def _charset(content_type: str) -> str | None:
+    for part in content_type.split(";")[1:]:
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
+
+
+# ---- validation errors --------------------------------------------------------------------------
+
+# pydantic's prefixes of a validator's own words: the words are the message.
+_PYDANTIC_PREFIXES = {"value_error": "Value error, ", "assertion_error": "Assertion failed, "}
+
+
 def validation_error(errors: list[dict[str, Any]]) -> BadRequestError:
     """FastAPI/pydantic errors -> one 400 naming the first offending field."""
     if not errors:
@@ -146,14 +234,23 @@ def validation_error(errors: list[dict[str, Any]]) -> BadRequestError:
     first = errors[0]
     if first.get("type") == "json_invalid":
         detail = first.get("ctx", {}).get("error", "")
-        return BadRequestError(f"The request body is not valid JSON: {detail}".rstrip(": "))
+        return BadRequestError(f"The request body is not valid JSON: {detail}".rstrip(": ") + ".")
     param = _param(first.get("loc", ()))
-    message = first.get("msg", "Invalid value")
+    message = _words(first)
     if param is None:
         return BadRequestError(f"The request body is invalid: {message}.")
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return BadRequestError(f"Invalid value for {param!r}: {message}.", param=param)
+
+
+def _words(error: dict[str, Any]) -> str:
+    """The error's message without pydantic's prefix or a closing full stop (the caller adds one)."""
+    message = str(error.get("msg") or "Invalid value")
+    prefix = _PYDANTIC_PREFIXES.get(error.get("type", ""), "")
+    if prefix and message.startswith(prefix):
+        message = message[len(prefix):]
+    return message.rstrip(". ") or "Invalid value"
 
 
 def _param(loc: Any) -> str | None:

@@ -79,10 +79,12 @@ class OpenAIServingScore(OpenAIServingEmbedding):
         # the caps of /v1/embeddings: MAX_INPUTS pairs, MAX_INPUT_TOKENS tokens, named by the list's field
         param = "documents" if isinstance(request, RerankRequest) else "text_2"
         self.check_input_count(len(seconds), param)
-        texts = list(dict.fromkeys(firsts + seconds))  # each distinct text embedded once
-        if not all(texts):
-            raise BadRequestError("Texts to score must not be empty.", param="text_1")
+        named = _named_texts(request)  # each distinct text embedded once
+        self._check_before_tokenizing(named, request)
+        texts = list(named)
         prompts = await self.input_prompts(texts, request, param)
+        for text, prompt in zip(texts, prompts):
+            self._check_length(len(prompt.token_ids), named[text])
         config = PoolerConfig(self.pooler_config.pooling_type, normalize=True)
         try:
             vectors = await self.engine.embed(random_id("score"), [p.token_ids for p in prompts], config)
@@ -91,6 +93,40 @@ class OpenAIServingScore(OpenAIServingEmbedding):
         by_text = dict(zip(texts, vectors))
         scores = [_cosine(by_text[a], by_text[b]) for a, b in zip(firsts, seconds)]
         return scores, sum(len(p.token_ids) for p in prompts)
+
+    def _check_before_tokenizing(self, named: dict[str, str], request: Any) -> None:
+        """An empty text, or one its characters show is past the context (unless truncated): a
+        400 naming that text's field, before anything is tokenized."""
+        for text, param in named.items():
+            if not text:
+                raise BadRequestError(f"{param} is empty: texts to score must not be empty.", param=param)
+            least = self.at_least_tokens(text) if request.truncate_prompt_tokens is None else 0
+            if least > self.max_model_len:
+                raise self.too_long_text(text, least, param, param)
+
+    def _check_length(self, num_tokens: int, param: str) -> None:
+        # Past the context, the engine would refuse it with a message that names no field.
+        if num_tokens > self.max_model_len:
+            raise BadRequestError(f"This model's maximum context length is {self.max_model_len} tokens, and "
+                                  f"{param} is {num_tokens} tokens long.", param=param,
+                                  code="context_length_exceeded")
+
+
+def _named_texts(request: Any) -> dict[str, str]:
+    """Each distinct text of a score or rerank request, in order, with the field it came first
+    from as the client wrote it ("query", "documents[2]", "text_1", "text_2[0]")."""
+    if isinstance(request, RerankRequest):
+        fields: list[tuple[str, Text]] = [("query", request.query), ("documents", request.documents)]
+    else:
+        fields = [("text_1", request.text_1), ("text_2", request.text_2)]
+    named: dict[str, str] = {}
+    for name, value in fields:
+        if isinstance(value, str):
+            named.setdefault(value, name)
+        else:
+            for i, text in enumerate(value):
+                named.setdefault(text, f"{name}[{i}]")
+    return named
 
 
 def _cosine(a: list[float], b: list[float]) -> float:

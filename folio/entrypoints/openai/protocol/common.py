@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, ValidationError, model_validator
 
 from folio.entrypoints.openai.protocol.structured import StructuredOutputFields
 from folio.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, SamplingParamsError
@@ -76,14 +76,13 @@ class OpenAIBaseModel(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _log_ignored_fields(cls, data: Any) -> Any:
-        """Unknown fields are ignored, and logged (protocol/unsupported.py)."""
-        from folio.entrypoints.openai.protocol.unsupported import log_ignored_fields
+    def _log_ignored_fields(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
+        """Unknown fields are ignored, and logged once the request is taken (protocol/unsupported.py)."""
+        from folio.entrypoints.openai.protocol.unsupported import validate_logging_ignored
 
-        log_ignored_fields(cls, data)
-        return data
+        return validate_logging_ignored(cls, data, handler)
 
 
 # ---- errors -----------------------------------------------------------------------------------

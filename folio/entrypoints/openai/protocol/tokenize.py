@@ -28,22 +28,27 @@ class TokenizeChatRequest(OpenAIBaseModel):
 
 
 def _tokenize_kind(data: Any) -> str | None:
-    """Which request a /tokenize body is: "messages" makes it a conversation, else a prompt; both
-    at once is neither (a 400, not one of them silently picked)."""
+    """Which request a /tokenize body is: "messages" makes it a conversation, "prompt" a text;
+    both or neither is neither (a 400 saying so, not one of them silently picked or a "prompt:
+    Field required" that hides the other). Tags are the class names, which error paths skip
+    (errors._param): `param` names the field, never the branch."""
     if isinstance(data, BaseModel):
-        return "chat" if isinstance(data, TokenizeChatRequest) else "completion"
-    if isinstance(data, dict):
-        if "messages" in data:
-            return None if "prompt" in data else "chat"
-    return "completion"
+        return _CHAT if isinstance(data, TokenizeChatRequest) else _PROMPT
+    if not isinstance(data, dict):
+        return _PROMPT  # not an object: the model says what it wants
+    if ("messages" in data) == ("prompt" in data):
+        return None
+    return _CHAT if "messages" in data else _PROMPT
 
+
+_PROMPT, _CHAT = TokenizeCompletionRequest.__name__, TokenizeChatRequest.__name__
 
 # Discriminated, so each body is validated as one model only (a plain union tries both and logs
 # the other's field as ignored).
 TokenizeRequest = Annotated[
-    Annotated[TokenizeCompletionRequest, Tag("completion")] | Annotated[TokenizeChatRequest, Tag("chat")],
+    Annotated[TokenizeCompletionRequest, Tag(_PROMPT)] | Annotated[TokenizeChatRequest, Tag(_CHAT)],
     Discriminator(_tokenize_kind, custom_error_type="prompt_or_messages",
-                  custom_error_message="Send either prompt or messages, not both."),
+                  custom_error_message="Send either prompt or messages: exactly one of them."),
 ]
 
 

@@ -3,14 +3,20 @@
 A known OpenAI field set to anything but its neutral value is a 400 naming it (never silently
 dropped). A field no request model declares is logged, as vLLM logs it ("fields were present in
 the request but ignored"), and the request goes on: clients send fields from newer API versions.
+The line is written only for a request that is taken: a model that fails validation (a union's
+other branch too) drops its lines, and IgnoredFieldsLog holds a request's lines until its
+response starts, dropping them for a 4xx or 5xx (a review found a refused tool_choice logged as
+"ignored").
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ModelWrapValidatorHandler, model_validator
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from folio.logger import init_logger
 
@@ -46,14 +52,72 @@ def refused_fields(model: type[BaseModel]) -> dict[str, Refused]:
     }
 
 
-def log_ignored_fields(model: type[BaseModel], data: Any, where: str | None = None) -> None:
+# The log lines of the model (or request) being validated, not yet written; None: write at once.
+_pending: ContextVar[list[str] | None] = ContextVar("folio_ignored_fields", default=None)
+
+
+def ignored_fields_line(model: type[BaseModel], data: Any, where: str | None = None) -> str | None:
     if not isinstance(data, dict):
-        return
+        return None
     known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
     ignored = sorted(set(data) - known)
-    if ignored:
-        logger.warning("The following fields were present in the request but ignored: %s%s", ignored,
-                       f" (in {where})" if where else "")
+    if not ignored:
+        return None
+    where = f" (in {where})" if where else ""
+    return f"The following fields were present in the request but ignored: {ignored}{where}"
+
+
+def validate_logging_ignored(model: type[BaseModel], data: Any, handler: ModelWrapValidatorHandler,
+                             where: str | None = None) -> Any:
+    """A wrap validator's body: the model validated, and its (and its parts') ignored-field lines
+    passed on to the enclosing model or request only when it is valid."""
+    lines: list[str] = []
+    token = _pending.set(lines)
+    try:
+        line = ignored_fields_line(model, data, where)
+        if line is not None:
+            lines.append(line)
+        result = handler(data)  # raises for an invalid model: its lines are dropped
+    finally:
+        _pending.reset(token)
+    outer = _pending.get()
+    if outer is None:
+        _write(lines)
+    else:
+        outer.extend(lines)
+    return result
+
+
+def _write(lines: list[str]) -> None:
+    for line in lines:
+        logger.warning("%s", line)
+
+
+class IgnoredFieldsLog:
+    """Holds a request's ignored-field lines until its response starts: written when it is a
+    success (streams included), dropped when the request was refused or failed."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):  # no body
+            await self.app(scope, receive, send)
+            return
+        lines: list[str] = []
+
+        async def send_after_writing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                if message["status"] < 400:
+                    _write(lines)
+                lines.clear()
+            await send(message)
+
+        token = _pending.set(lines)
+        try:
+            await self.app(scope, receive, send_after_writing)
+        finally:
+            _pending.reset(token)
 
 
 class NestedRequestModel(BaseModel):
@@ -63,11 +127,10 @@ class NestedRequestModel(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _log_ignored_fields(cls, data: Any) -> Any:
-        log_ignored_fields(cls, data, where=cls.__name__)
-        return data
+    def _log_ignored_fields(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
+        return validate_logging_ignored(cls, data, handler, where=cls.__name__)
 
 
 class UnsupportedChatFields(BaseModel):
