@@ -45,6 +45,24 @@ class RequestStream:
     async def __aexit__(self, *exc_info: Any) -> None:
         self.abort()
 
+    async def started(self) -> None:
+        """Wait until the engine answered with a first item, without consuming an output.
+
+        A handler calls it before committing to a response (an event stream's 200): an error
+        that comes first (a request refused after it was added) is consumed and raised here, so
+        it can still become an HTTP error; an output stays queued for iteration, in order.
+        """
+        while not self._items:
+            if self.finished:  # aborted, or already read to its end: nothing more will come
+                return
+            self._ready.clear()
+            await self._ready.wait()
+        first = self._items[0]
+        if isinstance(first, BaseException):
+            self._items.popleft()
+            self.finished = True
+            raise first
+
     def __aiter__(self) -> RequestStream:
         return self
 

@@ -31,7 +31,14 @@ from folio.entrypoints.openai.serving_models import OpenAIServingModels
 from folio.entrypoints.openai.reasoning_parsers import get_reasoning_parser
 from folio.entrypoints.openai.tool_choice import ToolPlan, constrain_to_tools, plan_tools
 from folio.entrypoints.openai.tool_parsers import get_tool_parser
-from folio.entrypoints.openai.streaming import DONE, ChunkFormat, EventStreamResponse, final_outputs, sse
+from folio.entrypoints.openai.streaming import (
+    DONE,
+    ChunkFormat,
+    EventStreamResponse,
+    event_stream,
+    final_outputs,
+    sse,
+)
 from folio.outputs import CompletionOutput, RequestOutput
 from folio.sampling_params import SamplingParams
 
@@ -73,7 +80,7 @@ class OpenAIServingChat(OpenAIServing):
         call = _Call(request, request_id, int(time.time()), self.response_model(lora))
         call.parser = ChatOutputParser(plan, self.reasoning_parser)
         if request.stream:
-            return EventStreamResponse(self._events(call, streams[0]), streams)
+            return await event_stream(self._events(call, streams[0]), streams, [params])
         (output,) = await final_outputs(streams)
         return self._response(call, output)
 

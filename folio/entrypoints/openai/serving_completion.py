@@ -23,6 +23,7 @@ from folio.entrypoints.openai.streaming import (
     DONE,
     ChunkFormat,
     EventStreamResponse,
+    event_stream,
     final_outputs,
     iterate_streams,
     sse,
@@ -38,13 +39,14 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create(self, request: CompletionRequest) -> CompletionResponse | EventStreamResponse:
         lora = self.check_model(request.model)
         self._check_supported(request)
+        self._check_fits_queue(request)
         prompts = [self.truncate_prompt(p, request) for p in await self._prompts(request)]
         params = [self._params(request, p) for p in prompts]
         request_id = random_id("cmpl")
         streams = await self.add_requests(request_id, prompts, params, request.priority, request.cache_salt, lora)
         call = _Call(request, request_id, int(time.time()), self.response_model(lora), prompts)
         if request.stream:
-            return EventStreamResponse(self._events(call, streams), streams)
+            return await event_stream(self._events(call, streams), streams, params)
         outputs = await final_outputs(streams)
         return self._response(call, outputs)
 
@@ -55,6 +57,22 @@ class OpenAIServingCompletion(OpenAIServing):
             raise BadRequestError("suffix is not supported.", param="suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise BadRequestError("best_of other than n is not supported.", param="best_of")
+
+    def _check_fits_queue(self, request: CompletionRequest) -> None:
+        """The 400 the engine gives a request whose sequences (prompts x n) outnumber the waiting
+        queue itself, given before its prompts are tokenized: 20,000 short prompts took ~1.1 s of
+        the event loop to tokenize, only to be refused. The same check, words and param as
+        AsyncLLM._check_accepting, which still checks the room left when the request is added."""
+        limit = self.engine.max_waiting_requests
+        num_prompts = _num_prompts(request.prompt)
+        num_sequences = num_prompts * request.n  # with use_beam_search, n is the beam width: as many
+        if limit is None or num_sequences <= limit:
+            return
+        raise BadRequestError(
+            f"This request asks for {num_sequences} sequences ({num_prompts} prompt(s) x n={request.n}); at most "
+            f"{limit} may wait to be scheduled (max_waiting_requests): send fewer prompts or a smaller n.",
+            param="n" if request.n > 1 else "prompt",
+        )
 
     async def _prompts(self, request: CompletionRequest) -> list[EnginePrompt]:
         prompt = request.prompt
@@ -100,15 +118,29 @@ class OpenAIServingCompletion(OpenAIServing):
         text = (call.prompt_text(i) + c.text) if echo else c.text
         logprobs = None
         if request.logprobs is not None:
-            ids, entries = list(c.token_ids), list(c.logprobs or [])
-            if echo:
-                ids = list(output.prompt_token_ids) + ids
-                entries = list(output.prompt_logprobs or [None] * len(output.prompt_token_ids)) + entries
-            logprobs, _ = completion_logprobs(self.tokenizer, ids, entries, 0)
+            echoed, offset = self._echoed_logprobs(call, i, output) if echo else (None, 0)
+            logprobs, _ = completion_logprobs(self.tokenizer, list(c.token_ids), list(c.logprobs or []), offset)
+            if echoed is not None:
+                logprobs = _joined(echoed, logprobs)
         return CompletionChoice(
             index=i * request.n + c.index, text=text, logprobs=logprobs,
             finish_reason=c.finish_reason, stop_reason=c.stop_reason,
         )
+
+    def _echoed_logprobs(self, call: _Call, i: int, output: RequestOutput) -> tuple[CompletionLogprobs, int]:
+        """Prompt i's log-probs (echo) and the text offset after them, built once per prompt:
+        its n choices all begin with them, and a long prompt's top-k entries cost far more to
+        convert than a few generated tokens (2,000 tokens x 20 alternatives x n=128 held the
+        event loop ~2 s when built per choice)."""
+        cached = call.echoed.get(i)
+        if cached is not None:
+            return cached
+        ids = list(output.prompt_token_ids)
+        entries = output.prompt_logprobs
+        built = completion_logprobs(self.tokenizer, ids, list(entries or [None] * len(ids)), 0)
+        if entries is not None:  # a delta without them (an engine process sends them once) is not kept
+            call.echoed[i] = built
+        return built
 
     # ---- a stream of events ---------------------------------------------------------------
     async def _events(self, call: _Call, streams: list[RequestStream]) -> AsyncIterator[str]:
@@ -144,15 +176,16 @@ class OpenAIServingCompletion(OpenAIServing):
         index = i * request.n + c.index
         first = index not in call.offsets
         offset = call.offsets.setdefault(index, 0)
-        text = c.text
-        ids, entries = list(c.token_ids), list(c.logprobs or [])
-        if first and request.echo:
-            text = call.prompt_text(i) + text
-            ids = list(output.prompt_token_ids) + ids
-            entries = list(output.prompt_logprobs or [None] * len(output.prompt_token_ids)) + entries
+        text = call.prompt_text(i) + c.text if first and request.echo else c.text
         logprobs: CompletionLogprobs | None = None
         if request.logprobs is not None:
-            logprobs, call.offsets[index] = completion_logprobs(self.tokenizer, ids, entries, offset)
+            echoed = None
+            if first and request.echo:
+                echoed, offset = self._echoed_logprobs(call, i, output)
+            logprobs, call.offsets[index] = completion_logprobs(
+                self.tokenizer, list(c.token_ids), list(c.logprobs or []), offset)
+            if echoed is not None:
+                logprobs = _joined(echoed, logprobs)
         if not c.token_ids and not text and c.finish_reason is None and not (logprobs and logprobs.tokens):
             return None
         return CompletionChoice(
@@ -171,10 +204,19 @@ class _Call:
         self.model = model
         self.prompts = prompts
         self.offsets: dict[int, int] = {}  # choice index -> legacy text_offset reached
+        self.echoed: dict[int, tuple[CompletionLogprobs, int]] = {}  # prompt index -> _echoed_logprobs
         self.chunks = ChunkFormat(request_id, "text_completion", created, model, request.include_usage_in_stream)
 
     def prompt_text(self, i: int) -> str:
         return self.prompts[i].text or ""
+
+
+def _num_prompts(prompt: str | list) -> int:
+    """The engine requests a validated prompt makes: one text, one list of token ids, or one per
+    item of a batch (protocol/completion.py's Prompt; a list holds one kind)."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return 1
+    return len(prompt)
 
 
 def _usage(outputs: list[RequestOutput], completion_tokens: int | None = None):
@@ -184,4 +226,17 @@ def _usage(outputs: list[RequestOutput], completion_tokens: int | None = None):
         prompt_tokens=sum(len(o.prompt_token_ids) for o in outputs),
         completion_tokens=completion_tokens,
         cached_tokens=sum(o.num_cached_tokens for o in outputs),
+    )
+
+
+def _joined(head: CompletionLogprobs, rest: CompletionLogprobs) -> CompletionLogprobs:
+    """head's entries then rest's, unvalidated: both were built by completion_logprobs, and
+    validating a prompt's entries again for each choice would cost what sharing them saves.
+    The lists are new; the entries (top_logprobs dicts) are shared, and never changed."""
+    return CompletionLogprobs.model_construct(
+        _fields_set=set(),  # as completion_logprobs builds it: CompletionLogprobs(), then appends
+        tokens=head.tokens + rest.tokens,
+        token_logprobs=head.token_logprobs + rest.token_logprobs,
+        top_logprobs=head.top_logprobs + rest.top_logprobs,
+        text_offset=head.text_offset + rest.text_offset,
     )

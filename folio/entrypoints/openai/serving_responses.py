@@ -32,7 +32,7 @@ from folio.entrypoints.openai.protocol.responses import (
     ResponseUsage,
 )
 from folio.entrypoints.openai.serving_engine import EnginePrompt, OpenAIServing
-from folio.entrypoints.openai.streaming import EventStreamResponse, final_outputs
+from folio.entrypoints.openai.streaming import EventStreamResponse, event_stream, final_outputs
 from folio.outputs import RequestOutput
 from folio.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
@@ -55,7 +55,7 @@ class OpenAIServingResponses(OpenAIServing):
         streams = await self.add_requests(response_id, [prompt], [params], request.priority, None, lora)
         shell = self._shell(request, response_id)
         if request.stream:
-            return EventStreamResponse(self._events(shell, streams[0]), streams)
+            return await event_stream(self._events(shell, streams[0]), streams, [params])
         (output,) = await final_outputs(streams)
         return _finish(shell, output)
 

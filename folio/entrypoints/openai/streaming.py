@@ -2,14 +2,15 @@
 
 EventStreamResponse aborts its engine requests however the response ends: finished, failed,
 cancelled because the client went away (Starlette cancels the body on http.disconnect), or
-never started at all.
+never started at all. event_stream builds it once a refusal can no longer come (see there).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
@@ -61,6 +62,55 @@ class EventStreamResponse(StreamingResponse):
         finally:
             abort_all(self._streams)
             await self._events.aclose()
+
+
+async def event_stream(events: AsyncIterator[str], streams: list[RequestStream],
+                       params: Sequence[Any]) -> EventStreamResponse:
+    """The streamed answer to requests the engine accepted with these params (one per stream).
+
+    A request with a structured-output constraint can still be refused after it was accepted:
+    its grammar compiles in the engine, and one that admits no output fails the request
+    (LLMEngine._admit_compiled). Its streams are awaited first, so that refusal is a 400 as it
+    is unstreamed, not a 200 whose one event is an error. Other requests are not awaited: nothing
+    refuses them once accepted (a later failure is a 500 any stream may meet mid-way), and their
+    headers go out at once, telling the client (and any proxy timing it) that it was accepted;
+    their first event waits for the first token either way (chat's role chunk included).
+    """
+    if any(getattr(p, "structured_outputs", None) is not None for p in params):
+        await wait_started(streams)
+    return EventStreamResponse(events, streams)
+
+
+async def wait_started(streams: list[RequestStream]) -> None:
+    """Wait for every stream's first item (RequestStream.started: an output stays queued).
+
+    A refusal (a ValueError) is the 400 final_outputs gives; an engine that died meanwhile is the
+    503 an add would get, a broken request a 500 (what the stream's error event would have said).
+    Any failure or cancellation (the client left: cancel_on_disconnect) aborts all the streams,
+    since no response will read them."""
+    try:
+        if len(streams) == 1:
+            await streams[0].started()
+        else:
+            await _first_failure(streams)
+    except BaseException as e:
+        abort_all(streams)
+        if isinstance(e, Exception):
+            raise from_engine_error(e) from None
+        raise
+
+
+async def _first_failure(streams: list[RequestStream]) -> None:
+    """All streams started, or the first error among them at once (not after slower ones)."""
+    tasks = [asyncio.ensure_future(s.started()) for s in streams]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        errors = [task.exception() for task in done if task.exception() is not None]  # each one retrieved
+        if errors:
+            raise errors[0]
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def abort_all(streams: list[RequestStream]) -> None:
