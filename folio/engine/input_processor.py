@@ -182,7 +182,8 @@ class InputProcessor:
         num_eos = 0 if params.ignore_eos else len(self.eos_token_ids)
         wanted = max(2, 1 + num_eos) * params.beam_width
         if wanted > self.max_logprobs:
-            raise ValueError(
+            raise SamplingParamsError(
+                "beam_width",
                 f"beam_width={params.beam_width} needs {wanted} log-probs per token, more than "
                 f"max_logprobs={self.max_logprobs}; raise max_logprobs or lower beam_width."
             )
@@ -197,10 +198,11 @@ class InputProcessor:
 
     def check_length(self, num_prompt_tokens: int) -> None:
         if num_prompt_tokens == 0:
-            raise ValueError("The prompt is empty: at least one token is needed.")
+            raise SamplingParamsError("prompt", "The prompt is empty: at least one token is needed.")
         max_len = self.model_config.max_model_len
         if num_prompt_tokens > max_len:
-            raise ValueError(
+            raise SamplingParamsError(
+                "prompt",
                 f"The prompt is {num_prompt_tokens} tokens long, more than the maximum model "
                 f"length of {max_len}."
             )

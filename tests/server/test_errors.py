@@ -56,6 +56,8 @@ MESSAGES = [{"role": "user", "content": "Hi"}]
     ({"logprobs": False}, "logprobs"),
     ({"max_tokens": "5"}, "max_tokens"),
     ({"prompt": [True, False]}, "prompt"),
+    ({"logit_bias": {"1_0": 1}}, "logit_bias"),  # int() read it as token 10
+    ({"use_beam_search": True, "n": 128}, "n"),  # 384 log-probs a token, past max_logprobs (was param null)
 ])
 def test_invalid_completion_fields_are_400_naming_the_field(server, fields, param):
     body = {"prompt": "Hello", "max_tokens": 4, **fields}

@@ -31,6 +31,8 @@ ENCODE_OFF_LOOP_CHARS = 100_000
 # A text longer than max_model_len * the longest token's characters * this cannot fit whatever its
 # tokens: refused untokenized (the slack covers normalizers that shorten text).
 FIT_SLACK = 4
+# The engine's names of fields that a request spells otherwise: a beam search's width is its `n`.
+_REQUEST_FIELD = {"beam_width": "n"}
 
 
 @dataclass(frozen=True)
@@ -258,4 +260,6 @@ class OpenAIServing:
                 return [await self.engine.add_request(*requests[0], priority, lora_request)]
             return await self.engine.add_requests(requests, priority, lora_request)
         except Exception as e:
-            raise from_engine_error(e) from None
+            error = from_engine_error(e)
+            error.param = _REQUEST_FIELD.get(error.param, error.param)
+            raise error from None
