@@ -59,7 +59,7 @@ class RequestStream:
             await self._ready.wait()
         first = self._items[0]
         if isinstance(first, BaseException):
-            self._items.popleft()
+            self._items.clear()  # as in __anext__: an error ends the request
             self.finished = True
             raise first
 
@@ -72,12 +72,15 @@ class RequestStream:
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
-        items = list(self._items)
-        self._items.clear()
-        for item in items:
-            if isinstance(item, BaseException):
-                self.finished = True
-                raise item
+        if isinstance(self._items[0], BaseException):
+            self.finished = True
+            error = self._items.popleft()
+            self._items.clear()  # an error ends the request: nothing after it is read
+            raise error
+        # The outputs queued before an error come first (merged); the error is raised next time.
+        items = []
+        while self._items and not isinstance(self._items[0], BaseException):
+            items.append(self._items.popleft())
         output = merge_outputs(items, self.cumulative)
         if output.finished:
             self.finished = True

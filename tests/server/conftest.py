@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from openai import OpenAI
 
@@ -32,3 +34,17 @@ def client(server) -> OpenAI:
     with OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0) as c:
         yield c
 
+
+
+@pytest.fixture
+def captured():
+    """Log records of folio and uvicorn (neither propagates to the root, where caplog listens)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    loggers = [logging.getLogger(name) for name in ("folio", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    yield records
+    for logger in loggers:
+        logger.removeHandler(handler)

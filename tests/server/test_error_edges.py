@@ -19,20 +19,6 @@ pytestmark = pytest.mark.slow
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
-@pytest.fixture
-def captured():
-    """Log records of folio and uvicorn (neither propagates to the root, where caplog listens)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append
-    loggers = [logging.getLogger(name) for name in ("folio", "uvicorn.error")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    yield records
-    for logger in loggers:
-        logger.removeHandler(handler)
-
-
 def _text(records: list[logging.LogRecord]) -> str:
     return "\n".join(r.getMessage() for r in records)
 

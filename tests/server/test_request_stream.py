@@ -72,3 +72,22 @@ def test_cumulative_outputs_that_queued_up_arrive_as_the_latest_not_concatenated
         return await anext(stream)
 
     assert asyncio.run(main()).outputs[0].token_ids == [1, 2, 3]
+
+
+def test_outputs_queued_before_an_error_are_delivered_before_it():
+    """A review: an error queued behind outputs was raised at once and the outputs were dropped."""
+
+    async def main():
+        stream = RequestStream("r", lambda _: None)
+        stream.put(_delta(0, "a", [1]))
+        stream.put(_delta(0, "b", [2]))
+        stream.put(RuntimeError("engine step failed"))
+        stream.put(_delta(0, "never", [9]))  # nothing after an error is read
+        output = await anext(stream)
+        assert (output.outputs[0].text, output.outputs[0].token_ids) == ("ab", [1, 2])
+        with pytest.raises(RuntimeError, match="engine step failed"):
+            await anext(stream)
+        with pytest.raises(StopAsyncIteration):
+            await anext(stream)
+
+    asyncio.run(main())
