@@ -220,3 +220,34 @@ def test_a_client_that_leaves_stops_its_embedding(server, slow_embed):
     assert sum(slow_embed) < 64 / 2  # before: all 64 prompts, in one call
     r = httpx.post(f"{server.base_url}/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=120)
     assert r.status_code == 200
+
+
+def test_the_caps_are_server_flags(checkpoint):
+    """The review's open point: OpenAI's caps refused batch jobs vLLM takes; an operator can now
+    raise them (or lower them), for /v1/embeddings, /score and /rerank alike."""
+    import argparse
+
+    from folio.entrypoints.openai.cli_args import ServerConfig, make_arg_parser
+    from folio.entrypoints.openai.frontend_args import FrontendConfig
+    from tests.server.harness import ServerThread, make_engine
+
+    args = make_arg_parser(argparse.ArgumentParser()).parse_args(
+        ["--max-embedding-inputs", "3", "--max-embedding-tokens", "300"])
+    frontend = FrontendConfig.from_cli_args(args)
+    assert (frontend.max_embedding_inputs, frontend.max_embedding_tokens) == (3, 300)
+    with pytest.raises(ValueError, match="--max-embedding-inputs must be at least 1"):
+        FrontendConfig(max_embedding_inputs=0)
+    with ServerThread(make_engine(checkpoint), ServerConfig(frontend=frontend)) as server:
+        url = server.base_url
+        assert httpx.post(f"{url}/embeddings", json={"input": [[5]] * 3}, timeout=60).status_code == 200
+        error = api_error(httpx.post(f"{url}/embeddings", json={"input": [[5]] * 4}, timeout=60), 400)
+        assert error["param"] == "input" and "at most 3" in error["message"] and "--max-embedding-inputs" in error["message"]
+        error = api_error(httpx.post(f"{url}/rerank", json={"query": "q", "documents": ["d"] * 4}, timeout=60), 400)
+        assert error["param"] == "documents" and "at most 3" in error["message"]
+        assert httpx.post(f"{url}/embeddings", json={"input": [[5] * 250]}, timeout=60).status_code == 200
+        error = api_error(httpx.post(f"{url}/embeddings", json={"input": [[5] * 250] * 2}, timeout=60), 400)
+        assert "at most 300" in error["message"] and "--max-embedding-tokens" in error["message"]
+    raised = FrontendConfig(max_embedding_inputs=5000)
+    with ServerThread(make_engine(checkpoint), ServerConfig(frontend=raised)) as server:
+        response = httpx.post(f"{server.base_url}/embeddings", json={"input": [[5]] * 2049}, timeout=120)
+        assert response.status_code == 200 and len(response.json()["data"]) == 2049  # past OpenAI's 2048

@@ -62,6 +62,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig | None = None) -> FastAPI:
                   dependencies=[Depends(refuse_lone_surrogates)],
                   description="An OpenAI-compatible API for one model.", **docs)
     app.state.serving = _serving_state(engine, config)
+    app.state.frontend = frontend  # what endpoints outside the main router read (the embedding caps)
     app.include_router(router)
     include_compat_routes(app)
     if config.dashboard:

@@ -41,6 +41,10 @@ class FrontendConfig:
     metrics_compat: str = "vllm"  # also export vLLM's metric names ("none": folio's only)
     disable_fastapi_docs: bool = False
     response_role: str = "assistant"
+    # One /v1/embeddings (/score, /rerank) request's caps: OpenAI's, so one call cannot ask for
+    # minutes of engine work; a batch job that wants more raises them (vLLM has no cap).
+    max_embedding_inputs: int = 2048
+    max_embedding_tokens: int = 300_000
 
     def __post_init__(self) -> None:
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
@@ -53,6 +57,9 @@ class FrontendConfig:
             raise ValueError(f"--metrics-compat must be one of {METRICS_COMPAT}, got {self.metrics_compat!r}.")
         if self.max_log_len is not None and self.max_log_len < 0:
             raise ValueError(f"--max-log-len must be non-negative, got {self.max_log_len}.")
+        for name in ("max_embedding_inputs", "max_embedding_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}.")
         if self.response_role != "assistant":
             raise ValueError(f"--response-role {self.response_role!r}: folio answers as 'assistant' only.")
 
@@ -73,6 +80,8 @@ class FrontendConfig:
             metrics_compat=getattr(args, "metrics_compat", d.metrics_compat),
             disable_fastapi_docs=getattr(args, "disable_fastapi_docs", d.disable_fastapi_docs),
             response_role=getattr(args, "response_role", d.response_role),
+            max_embedding_inputs=getattr(args, "max_embedding_inputs", d.max_embedding_inputs),
+            max_embedding_tokens=getattr(args, "max_embedding_tokens", d.max_embedding_tokens),
         )
 
 
@@ -99,3 +108,8 @@ def add_frontend_args(group: argparse._ArgumentGroup) -> None:
                        help="/metrics also exports vLLM's names (vllm:...) so vLLM dashboards work")
     group.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc, /openapi.json")
     group.add_argument("--response-role", default=d.response_role, help="role of chat answers (assistant only)")
+    group.add_argument("--max-embedding-inputs", type=int, default=d.max_embedding_inputs,
+                       help="inputs one /v1/embeddings request may send (pairs or documents for /score, /rerank)")
+    group.add_argument("--max-embedding-tokens", type=int, default=d.max_embedding_tokens,
+                       help="tokens over all inputs of one embeddings/score/rerank request "
+                            "(at least max_model_len is always taken)")

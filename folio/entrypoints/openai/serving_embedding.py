@@ -6,8 +6,8 @@ decoder checkpoint, or the mean (`--pooler-config '{"pooling_type": "MEAN"}'` or
 `pooling_type`).
 
 The engine embeds a request a chunk of about one step's tokens at a time, generation going on
-between chunks (AsyncLLM.embed); one request is capped (MAX_INPUTS, MAX_INPUT_TOKENS), its size
-checked before its texts are tokenized where their length already tells, and many texts are
+between chunks (AsyncLLM.embed); one request is capped (--max-embedding-inputs,
+--max-embedding-tokens), its size checked before its texts are tokenized where their length already tells, and many texts are
 tokenized off the event loop.
 """
 
@@ -31,18 +31,22 @@ from folio.pooling_params import PoolingParams
 
 router = APIRouter()
 
-# OpenAI's limits for one embeddings request: 2048 inputs, 300,000 tokens over all of them. The
-# token cap bounds the engine work one call may ask for (~35 s of the CPU demo model, now spread
-# over chunks between generation steps) and its response; it is at least max_model_len, so any
-# one input that fits the context is taken.
+# OpenAI's limits for one embeddings request, the defaults of --max-embedding-inputs and
+# --max-embedding-tokens: 2048 inputs, 300,000 tokens over all of them. The token cap bounds the
+# engine work one call may ask for (~35 s of the CPU demo model, now spread over chunks between
+# generation steps) and its response; it is at least max_model_len, so any one input that fits the
+# context is taken.
 MAX_INPUTS = 2048
 MAX_INPUT_TOKENS = 300_000
 
 
 class OpenAIServingEmbedding(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, model_name: str, models: Any = None) -> None:
+    def __init__(self, engine: AsyncLLM, model_name: str, models: Any = None, *,
+                 max_inputs: int = MAX_INPUTS, max_tokens: int = MAX_INPUT_TOKENS) -> None:
         super().__init__(engine, model_name, models=models)
         self.pooler_config = engine.model_config.pooler_config
+        self.max_inputs = max_inputs  # per request (--max-embedding-inputs)
+        self.max_tokens = max_tokens  # over a request's inputs (--max-embedding-tokens)
 
     def check_base_model(self, model: str | None) -> None:
         """The served model (or None); a LoRA adapter's name is refused: pooling runs the base
@@ -83,7 +87,7 @@ class OpenAIServingEmbedding(OpenAIServing):
 
     async def input_prompts(self, items: list[str | list[int]], request: Any, param: str) -> list[EnginePrompt]:
         """Texts (tokenized) and token ids to embed, truncated as the request asks; more than
-        MAX_INPUT_TOKENS tokens in all is a 400 naming `param`, told before tokenizing when the
+        max_tokens tokens in all is a 400 naming `param`, told before tokenizing when the
         texts' lengths already show it (at_least_tokens)."""
         texts = [item for item in items if isinstance(item, str)]
         if texts:
@@ -115,15 +119,15 @@ class OpenAIServingEmbedding(OpenAIServing):
         return prompts
 
     def check_input_count(self, count: int, param: str) -> None:
-        if count > MAX_INPUTS:
-            raise BadRequestError(f"{param} has {count} items; at most {MAX_INPUTS} are taken in one request.",
-                                  param=param)
+        if count > self.max_inputs:
+            raise BadRequestError(f"{param} has {count} items; at most {self.max_inputs} are taken in one request "
+                                  "(the server's --max-embedding-inputs).", param=param)
 
     def _check_total_tokens(self, num_tokens: int, param: str, qualifier: str = "") -> None:
-        limit = max(MAX_INPUT_TOKENS, self.max_model_len)
+        limit = max(self.max_tokens, self.max_model_len)
         if num_tokens > limit:
             raise BadRequestError(f"The {param} is {qualifier}{num_tokens} tokens in all; at most {limit} may be "
-                                  "embedded in one request.", param=param)
+                                  "embedded in one request (the server's --max-embedding-tokens).", param=param)
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
@@ -135,7 +139,16 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 def _serving(request: Request) -> OpenAIServingEmbedding:
     from folio.entrypoints.openai.compat_routes import lazy_serving
 
-    return lazy_serving(request, "embedding", lambda s: OpenAIServingEmbedding(s.engine, s.completion.model_name, s.models))
+    return lazy_serving(request, "embedding", lambda s: OpenAIServingEmbedding(
+        s.engine, s.completion.model_name, s.models, **caps(request)))
+
+
+def caps(request: Request) -> dict[str, int]:
+    """The server's per-request embedding caps (FrontendConfig), as keyword arguments."""
+    frontend = getattr(request.app.state, "frontend", None)
+    if frontend is None:  # an app built without a config
+        return {}
+    return {"max_inputs": frontend.max_embedding_inputs, "max_tokens": frontend.max_embedding_tokens}
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingResponse,

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from folio.entrypoints.openai.disconnect import cancel_on_disconnect
 from folio.entrypoints.openai.errors import BadRequestError, from_engine_error
 from folio.entrypoints.openai.protocol import ErrorResponse, OpenAIBaseModel, UsageInfo
-from folio.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
+from folio.entrypoints.openai.serving_embedding import OpenAIServingEmbedding, caps
 from folio.entrypoints.openai.serving_engine import random_id
 from folio.pooling_params import PoolerConfig
 
@@ -76,7 +76,7 @@ class OpenAIServingScore(OpenAIServingEmbedding):
     async def scores(self, request: Any, firsts: list[str], seconds: list[str]) -> tuple[list[float], int]:
         """Cosine similarity of each (first, second) pair of texts, and the tokens read."""
         self.check_base_model(request.model)
-        # the caps of /v1/embeddings: MAX_INPUTS pairs, MAX_INPUT_TOKENS tokens, named by the list's field
+        # the caps of /v1/embeddings (max_inputs pairs, max_tokens tokens), named by the list's field
         param = "documents" if isinstance(request, RerankRequest) else "text_2"
         self.check_input_count(len(seconds), param)
         named = _named_texts(request)  # each distinct text embedded once
@@ -148,7 +148,8 @@ def _pairs(text_1: Text, text_2: Text) -> tuple[list[str], list[str]]:
 def _serving(request: Request) -> OpenAIServingScore:
     from folio.entrypoints.openai.compat_routes import lazy_serving
 
-    return lazy_serving(request, "score", lambda s: OpenAIServingScore(s.engine, s.completion.model_name, s.models))
+    return lazy_serving(request, "score", lambda s: OpenAIServingScore(
+        s.engine, s.completion.model_name, s.models, **caps(request)))
 
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 500, 503)}
