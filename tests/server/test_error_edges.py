@@ -155,3 +155,12 @@ def test_an_accepted_request_still_logs_its_ignored_fields(server, captured):
     text = _text(captured)
     assert "ignored: ['brand_new']" in text and "ignored: ['extra'] (in NamedToolChoice)" in text
     assert text.count("ignored") == 2, text
+
+
+def test_a_tool_choice_of_another_type_is_refused_in_words(server):
+    body = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 2,
+            "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}}
+    error = _error(httpx.post(f"{server.base_url}/chat/completions", json=body), 400)
+    assert error["param"] == "tool_choice"
+    assert "tool_choice of type 'allowed_tools' is not supported" in error["message"], error
+    assert "more problems" not in error["message"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from folio.entrypoints.openai.protocol.unsupported import NestedRequestModel
 
@@ -34,7 +34,17 @@ class NamedToolChoice(NestedRequestModel):
     function: NamedFunction
 
 
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+def _known_tool_choice_type(value: Any) -> Any:
+    """A tool_choice object of another type (OpenAI's "allowed_tools", "custom", ...) is refused in
+    words, not with pydantic's account of the union's failed branches."""
+    kind = value.get("type", "function") if isinstance(value, dict) else "function"
+    if kind != "function":
+        raise ValueError(f"tool_choice of type {kind!r} is not supported; use \"none\", \"auto\", \"required\" "
+                         "or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    return value
+
+
+ToolChoice = Annotated[Literal["none", "auto", "required"] | NamedToolChoice, BeforeValidator(_known_tool_choice_type)]
 
 
 class FunctionCall(BaseModel):
