@@ -64,6 +64,12 @@ class PrefixCache:
             self.remove(block_id)
             self.num_evicted_blocks += 1
 
+    def clear(self) -> None:
+        """Forget every hash: after a failed step, any block registered since the last good one
+        may never have been written."""
+        self._block_of.clear()
+        self._hash_of.clear()
+
     def cached_among(self, block_ids: AbstractSet[int]) -> set[int]:
         """Which of these blocks hold a cached hash (a set intersection in C, for views)."""
         return self._hash_of.keys() & block_ids

@@ -34,7 +34,6 @@ device. What that costs and why it is safe:
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 import weakref
 from collections.abc import Iterable
@@ -57,7 +56,7 @@ from folio.outputs import RequestOutput
 from folio.parallel.launch import Lead, lead
 from folio.sampling_params import SamplingParams, SamplingParamsError
 from folio.structured_output.manager import StructuredOutputManager, UnsatisfiableConstraintError
-from folio.transformers_utils.tokenizer import eos_token_ids, get_tokenizer, has_tokenizer_files
+from folio.transformers_utils.tokenizer import eos_token_ids, load_model_tokenizer
 from folio.worker.model_runner import ModelRunner, StagedStep
 from folio.worker.pending_output import PendingOutput
 
@@ -77,7 +76,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, max_logprobs: int = 20) -> None:
         start = time.perf_counter()
         self.config = config
-        self.tokenizer = _load_tokenizer(config)
+        self.tokenizer = load_model_tokenizer(config.model.model, config.model.tokenizer,
+                                              config.model.skip_tokenizer_init)
         # Tensor parallelism: this process is rank 0; workers repeat each step (parallel/).
         self._tp: Lead | None = lead(config) if config.parallel.tensor_parallel_size > 1 else None
         try:
@@ -203,9 +203,15 @@ class LLMEngine:
         """The outputs of one step. With async scheduling the next step is running on the
         device when this returns, unless nothing is left to run or a request needs
         synchronous steps."""
-        if self._tp is None:
-            return self._step()
-        workers = self._tp.workers
+        try:
+            if self._tp is None:
+                return self._step()
+            return self._tp_step(self._tp.workers)
+        except Exception:  # the step's prefix-cache entries may name K/V it never wrote
+            self.scheduler.kv_cache_manager.forget_cached_prefixes()
+            raise
+
+    def _tp_step(self, workers) -> list[RequestOutput]:  # noqa: ANN001 (parallel's WorkerGroup)
         workers.check()
         workers.busy = True
         try:
@@ -384,18 +390,3 @@ class LLMEngine:
         return collect_stats(self.scheduler, self.num_blocks, self.config.parallel.tensor_parallel_size,
                              self.num_blocks * self.runner.kv_spec.bytes_per_block)
 
-
-def _load_tokenizer(config: EngineConfig) -> Any:
-    """The checkpoint's tokenizer; None (token-id prompts only, no text) when the model folder
-    has none and no other tokenizer was named, e.g. a config.json alone with --load-format dummy."""
-    path = config.model.tokenizer
-    if config.model.skip_tokenizer_init:
-        return None
-    if path == config.model.model and os.path.isdir(path) and not has_tokenizer_files(path):
-        logger.warning(
-            "No tokenizer files in %r: running without a tokenizer. Prompts must be token ids "
-            "({'prompt_token_ids': [...]}) and outputs carry no text; pass --tokenizer to add one.",
-            path,
-        )
-        return None
-    return get_tokenizer(path)

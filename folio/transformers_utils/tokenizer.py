@@ -42,6 +42,23 @@ def get_tokenizer(path: str, *, tokenizer_mode: str = "auto") -> PreTrainedToken
         raise ValueError(f"Could not load a tokenizer from {path!r}: {e}") from e
 
 
+def load_model_tokenizer(model: str, tokenizer: str, skip_tokenizer_init: bool = False) -> Any:
+    """The engine's tokenizer; None (token-id prompts only, no text) when the model folder has
+    none and no other tokenizer was named, e.g. a config.json alone with --load-format dummy."""
+    if skip_tokenizer_init:
+        return None
+    if tokenizer == model and os.path.isdir(tokenizer) and not has_tokenizer_files(tokenizer):
+        from folio.logger import init_logger
+
+        init_logger(__name__).warning(
+            "No tokenizer files in %r: running without a tokenizer. Prompts must be token ids "
+            "({'prompt_token_ids': [...]}) and outputs carry no text; pass --tokenizer to add one.",
+            tokenizer,
+        )
+        return None
+    return get_tokenizer(tokenizer)
+
+
 def has_tokenizer_files(folder: str) -> bool:
     return any(glob.glob(os.path.join(glob.escape(folder), p)) for p in _TOKENIZER_FILE_PATTERNS)
 
