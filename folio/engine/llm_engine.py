@@ -149,17 +149,15 @@ class LLMEngine:
             raise ValueError(f"Request id {request_id!r} is already in use.")
         check_priority(priority, self.config.scheduler.policy)
         params = params if params is not None else self.default_sampling_params()
-        processed = self.input_processor.truncate_prompt(self.input_processor.process_prompt(prompt), params)
+        processed = self.input_processor.process_request(prompt, params)  # before an adapter loads
+        grammar_spec = None if isinstance(params, BeamSearchParams) else self.structured_output.check(params)
         if lora_request is not None:
             self.add_lora(lora_request)
             processed = dataclasses.replace(processed, lora_request=lora_request)
         if isinstance(params, BeamSearchParams):
-            self.input_processor.check_beam_search(params, len(processed.token_ids))
             self._log_no_speculation(request_id, "beam search")
             self.beam_search.add(request_id, processed, params, arrival_time, priority)
             return
-        self.input_processor.check_params(params, len(processed.token_ids))
-        grammar_spec = self.structured_output.check(params)
         requests = self.input_processor.make_requests(
             request_id, processed, params, arrival_time, priority
         )
@@ -268,8 +266,9 @@ class LLMEngine:
         for request in ready.requests:
             self.scheduler.add_request(request)
         for request_id, _, error in ready.failed:
-            message = (f"Request {request_id!r}: {error}" if isinstance(error, UnsatisfiableConstraintError)
-                       else f"The structured output grammar of request {request_id!r} failed to compile: {error}")
+            logger.warning("The structured output of request %r failed: %s", request_id, error)  # the id: logs only
+            message = (str(error) if isinstance(error, UnsatisfiableConstraintError)
+                       else f"The structured output grammar failed to compile: {error}")
             # A ValueError is the grammar's own fault (a 400); else the server's (a 500, with a traceback)
             failure = SamplingParamsError("structured_outputs", message) if isinstance(error, ValueError) else RuntimeError(message)
             failure.__cause__ = error

@@ -54,6 +54,12 @@ def fill_bitmasks(states: list[GrammarState], bitmask: torch.Tensor, rows: list[
                 states[i].fill_bitmask(bitmask, rows[i])
 
 
+class UnenforcedKeywordsError(ValueError):
+    """A backend would take the JSON schema but leave some of its keywords unenforced (a looser
+    constraint than asked for), so it refuses it. Here, not in the backend's module, so the
+    manager can tell it apart without importing the backend."""
+
+
 class CompiledGrammar(Protocol):
     def new_state(self) -> GrammarState: ...
 

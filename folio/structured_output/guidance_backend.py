@@ -63,14 +63,21 @@ class GuidanceBackend:
         self.timer = timer
 
     def check(self, spec: GrammarSpec) -> None:
-        grammar = grammar_of(spec)
-        error = LLMatcher.validate_grammar(grammar, self.tokenizer)
-        if error:
-            raise ValueError(f"Invalid {spec.kind} for structured outputs: {error.strip()}")
+        checked_grammar(spec, self.tokenizer)
 
     def compile(self, spec: GrammarSpec) -> GuidanceCompiled:
-        self.check(spec)
-        return GuidanceCompiled(self.tokenizer, grammar_of(spec), self.timer)
+        return GuidanceCompiled(self.tokenizer, checked_grammar(spec, self.tokenizer), self.timer)
+
+
+def checked_grammar(spec: GrammarSpec, tokenizer: Any = None) -> str:
+    """llguidance's grammar text for a spec, validated; ValueError if llguidance refuses it.
+    Without a tokenizer only the checks that need none run (a JSON schema's keywords, a regex's
+    syntax): enough to tell whether guidance would take a spec, without building its tables."""
+    grammar = grammar_of(spec)
+    error = LLMatcher.validate_grammar(grammar, tokenizer)
+    if error:
+        raise ValueError(f"Invalid {spec.kind} for structured outputs: {error.strip()}")
+    return grammar
 
 
 def grammar_of(spec: GrammarSpec) -> str:

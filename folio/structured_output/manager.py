@@ -28,7 +28,7 @@ from folio.config.structured_outputs import StructuredOutputsConfig
 from folio.core.request import Request
 from folio.logger import init_logger
 from folio.sampling_params import SamplingParams, SamplingParamsError
-from folio.structured_output.backend import CompiledGrammar, GrammarBackend, GrammarTimer
+from folio.structured_output.backend import CompiledGrammar, GrammarBackend, GrammarTimer, UnenforcedKeywordsError
 from folio.structured_output.spec import REF_KEYWORDS, GrammarSpec, schema_nodes, tag_schemas
 
 logger = init_logger(__name__)
@@ -112,20 +112,42 @@ class StructuredOutputManager:
 
     def _check_with_backends(self, spec: GrammarSpec) -> None:
         """The backend's check; under "auto", a spec xgrammar refuses goes to guidance if
-        guidance takes it (vLLM's fallback), else xgrammar's error stands."""
+        guidance takes it (vLLM's fallback), unless the request set disable_fallback: then, as
+        in vLLM, xgrammar's refusal is the request's error."""
         try:
             self.backend.check(spec)
-        except ValueError:
-            if self.config.backend != "auto":
-                raise
-            try:
-                self._backend_named("guidance").check(spec)
-            except ValueError:
-                pass
-            else:
+            return
+        except ValueError as e:
+            refusal = e
+        guidance_refusal = None
+        if self.config.backend == "auto" and not spec.disable_fallback:
+            guidance_refusal = self._guidance_refusal(spec)
+            if guidance_refusal is None:
                 self._auto_choice[spec] = "guidance"
                 return
-            raise
+        raise self._explained(refusal, spec, guidance_refusal)
+
+    def _guidance_refusal(self, spec: GrammarSpec) -> str | None:
+        """Why the guidance backend refuses spec, or None if it takes it."""
+        try:
+            self._backend_named("guidance").check(spec)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def _explained(self, refusal: ValueError, spec: GrammarSpec, guidance_refusal: str | None) -> ValueError:
+        """The request's error for the configured backend's refusal: keywords xgrammar ignores get
+        advice that is true of guidance, and under "auto" disable_fallback is named as the reason
+        guidance was not tried. guidance_refusal: why guidance refused, if it was tried."""
+        message = str(refusal)
+        if isinstance(refusal, UnenforcedKeywordsError):
+            if guidance_refusal is None:  # not tried: ask it without building its tables
+                guidance_refusal = _guidance_would_refuse(spec)
+            message += _keyword_advice(spec, guidance_refusal)
+        if self.config.backend == "auto" and spec.disable_fallback:
+            message = ("The xgrammar backend refused this constraint and disable_fallback is set, so it "
+                       f"does not fall back to guidance: {message}")
+        return refusal if message == str(refusal) else SamplingParamsError("structured_outputs", message)
 
     def check(self, params: SamplingParams) -> GrammarSpec | None:
         """The request's GrammarSpec (None without structured outputs); raises
@@ -236,6 +258,28 @@ def make_backend(name: str, tokenizer: Any, vocab_size: int, stop_token_ids: set
     from folio.structured_output.xgrammar_backend import XGrammarBackend
 
     return XGrammarBackend(tokenizer, vocab_size, stop_token_ids, timer)
+
+
+def _guidance_would_refuse(spec: GrammarSpec) -> str | None:
+    """Why llguidance refuses spec (its checks that need no tokenizer), or None if it takes it."""
+    from folio.structured_output.guidance_backend import checked_grammar
+
+    try:
+        checked_grammar(spec)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _keyword_advice(spec: GrammarSpec, guidance_refusal: str | None) -> str:
+    """What to do about keywords xgrammar does not enforce: use guidance only where it takes the
+    schema (it refuses `not`, `if`, `uniqueItems` and the like as well)."""
+    if guidance_refusal is None:
+        return (' The "guidance" backend enforces them: use structured_outputs_config backend "guidance" '
+                '(or "auto" without disable_fallback), or drop them.')
+    if spec.kind == "structural_tag":
+        return " No backend enforces them in a structural tag (guidance takes no structural tags); drop them."
+    return f" No backend enforces this schema (guidance refuses it too: {guidance_refusal}); drop them."
 
 
 class UnsatisfiableConstraintError(ValueError):

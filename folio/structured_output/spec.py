@@ -38,27 +38,34 @@ class GrammarSpec:
     # structural tag, or the JSON list of choices; "" for json_object.
     value: str
     any_whitespace: bool = True  # JSON kinds: whether free whitespace may appear between tokens
+    # The request's disable_fallback, part of the key: a constraint that "auto" sent to guidance
+    # is then never served from the cache to a request that forbids that fallback.
+    disable_fallback: bool = False
 
     @classmethod
     def from_params(cls, params: StructuredOutputsParams, disable_any_whitespace: bool = False) -> GrammarSpec:
         """The spec of a request's StructuredOutputsParams; raises SamplingParamsError when the
         JSON schema is not valid JSON or not a valid schema."""
-        kind = params.kind
         any_whitespace = not (params.disable_any_whitespace or disable_any_whitespace)
-        if kind == "json":
-            schema = parse_json_schema(params.json)
-            schema = local_refs(schema)
-            if params.disable_additional_properties:
-                schema = _closed_objects(schema)
-            return cls(kind, json.dumps(schema), any_whitespace)
-        if kind == "json_object":
-            return cls(kind, "", any_whitespace)
-        if kind == "choice":
-            return cls(kind, json.dumps(params.choice), any_whitespace)
-        if kind == "structural_tag":
-            for schema in tag_schemas(params.structural_tag):  # the same checks as a json constraint's
-                parse_json_schema(schema)
-        return cls(kind, getattr(params, kind), any_whitespace)
+        return cls(params.kind, _spec_value(params), any_whitespace, params.disable_fallback)
+
+
+def _spec_value(params: StructuredOutputsParams) -> str:
+    """GrammarSpec.value of the params' constraint, after the checks that need no backend."""
+    kind = params.kind
+    if kind == "json":
+        schema = local_refs(parse_json_schema(params.json))
+        if params.disable_additional_properties:
+            schema = _closed_objects(schema)
+        return json.dumps(schema)
+    if kind == "json_object":
+        return ""
+    if kind == "choice":
+        return json.dumps(params.choice)
+    if kind == "structural_tag":
+        for schema in tag_schemas(params.structural_tag):  # the same checks as a json constraint's
+            parse_json_schema(schema)
+    return getattr(params, kind)
 
 
 def parse_json_schema(schema: str | dict[str, Any] | None) -> dict[str, Any] | bool:

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-from folio.structured_output.backend import GrammarTimer
-from folio.structured_output.spec import GrammarSpec, schema_keywords, schema_nodes
+from folio.structured_output.backend import GrammarTimer, UnenforcedKeywordsError
+from folio.structured_output.spec import GrammarSpec, schema_keywords, schema_nodes, tag_schemas
 
 # Keywords xgrammar 0.2.8 accepts but does not enforce (its grammar is the same without them):
 # refused rather than silently ignored ("auto" then tries llguidance, which enforces allOf and
@@ -90,18 +90,27 @@ class XGrammarBackend:
         self.timer = timer
 
     def check(self, spec: GrammarSpec) -> None:
-        if spec.kind == "json":
-            schema = json.loads(spec.value)
-            ignored = sorted((schema_keywords(schema) & XGRAMMAR_IGNORED_KEYWORDS) | _loose_all_of(schema))
-            if ignored:
-                raise ValueError(
-                    f"The xgrammar backend cannot enforce JSON schema keyword(s) {', '.join(ignored)}; "
-                    'use structured_outputs_config backend "guidance" or "auto", or drop them.'
-                )
+        ignored = sorted(set().union(*map(_unenforced, _json_schemas(spec))))
+        if ignored:
+            # The manager adds which backend, if any, would enforce them (it knows the config).
+            raise UnenforcedKeywordsError(f"The xgrammar backend cannot enforce JSON schema keyword(s) {', '.join(ignored)}.")
         grammar_of(spec)
 
     def compile(self, spec: GrammarSpec) -> XGrammarCompiled:
         return XGrammarCompiled(self.compiler.compile_grammar(grammar_of(spec)), self.timer)
+
+
+def _json_schemas(spec: GrammarSpec) -> list[Any]:
+    """The JSON schemas a spec holds: a json constraint's, or those inside a structural tag
+    (xgrammar converts them with the same code, so they ignore the same keywords)."""
+    if spec.kind == "json":
+        return [json.loads(spec.value)]
+    return tag_schemas(spec.value) if spec.kind == "structural_tag" else []
+
+
+def _unenforced(schema: Any) -> set[str]:
+    """The keywords of schema that xgrammar would accept but not enforce."""
+    return (schema_keywords(schema) & XGRAMMAR_IGNORED_KEYWORDS) | _loose_all_of(schema)
 
 
 def _loose_all_of(schema: Any) -> set[str]:
