@@ -49,6 +49,14 @@ class PoolingParams:
     def __post_init__(self) -> None:
         if self.dimensions is not None:
             raise ValueError(f"dimensions={self.dimensions!r}: folio returns full-size embeddings only.")
+        # Checked here, not when first resolved mid-embed (5 would fail there with an AttributeError).
+        if self.pooling_type is not None and (
+            not isinstance(self.pooling_type, str) or self.pooling_type.upper() not in POOLING_TYPES
+        ):
+            raise ValueError(f"pooling_type must be one of {POOLING_TYPES} (or None: the engine's), "
+                             f"got {self.pooling_type!r}.")
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise ValueError(f"normalize must be true, false or None, got {self.normalize!r}.")
 
     def resolve(self, default: PoolerConfig) -> PoolerConfig:
         return PoolerConfig(

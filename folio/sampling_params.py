@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field, fields
 from typing import Any
@@ -25,6 +26,9 @@ from folio.param_checks import (
     normalize_stop,
     normalize_token_list,
 )
+from folio.logger import init_logger
+
+logger = init_logger(__name__)
 
 # Below this temperature sampling is greedy (argmax), as in vLLM.
 GREEDY_EPS = 1e-5
@@ -163,6 +167,8 @@ class SamplingParams:
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     # Filled by the engine from bad_words (update_from_tokenizer).
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
+    # The best_of that verify() derived from n (None: best_of was given): kept to follow n.
+    _best_of_from_n: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self, guided_decoding: Any = None) -> None:
         if guided_decoding is not None:
@@ -171,6 +177,13 @@ class SamplingParams:
                     "guided_decoding", "Set structured_outputs or guided_decoding, not both."
                 )
             self.structured_outputs = guided_decoding
+        self.verify()
+        self._all_stop_token_ids = set(self.stop_token_ids)
+
+    def verify(self) -> None:
+        """Normalize and check every field, as at construction. The engine calls it again when a
+        request is added, since fields may be set after construction (`sp.n = 3`). Idempotent,
+        and linear in the fields (and their lists): cheap enough for every request."""
         if self.structured_outputs is not None:
             self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
         self.stop = normalize_stop(self.stop)
@@ -181,13 +194,13 @@ class SamplingParams:
             )
         if self.top_k == -1:
             self.top_k = 0
-        if self.best_of is None:
-            self.best_of = self.n
+        if self.best_of is None or self.best_of == self._best_of_from_n:
+            # A best_of left unset follows n, also when n is changed after construction.
+            self.best_of = self._best_of_from_n = self.n
         self._verify()
         if self.temperature < GREEDY_EPS:
             # Greedy: the other truncations cannot change an argmax.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
-        self._all_stop_token_ids = set(self.stop_token_ids)
 
     # ---- validation -------------------------------------------------------------------------
     def _verify(self) -> None:
@@ -239,7 +252,7 @@ class SamplingParams:
             for tok in self.allowed_token_ids:
                 check_int("allowed_token_ids", tok, minimum=0, what="non-negative token ids")
         if not isinstance(self.output_kind, RequestOutputKind):
-            self.output_kind = RequestOutputKind(self.output_kind)
+            self.output_kind = _output_kind(self.output_kind)
         self._verify_vllm_extras()
 
     def _verify_vllm_extras(self) -> None:
@@ -343,11 +356,35 @@ class BeamSearchParams:
     def __post_init__(self) -> None:
         check_int("beam_width", self.beam_width, minimum=1)
         check_int("max_tokens", self.max_tokens, minimum=1)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                     "spaces_between_special_tokens"):
+            check_bool(name, getattr(self, name))  # "no" would read as True
         check_number("temperature", self.temperature)
         if self.temperature < 0:
             raise SamplingParamsError(
                 "temperature", f"temperature must be non-negative, got {self.temperature}."
             )
+        if self.temperature != 0:
+            _warn_beam_temperature()
         # Scores are log-prob / length ** length_penalty: beyond ±10 the power overflows (or
         # reaches 0) for long beams, and no ranking needs more.
         check_range("length_penalty", self.length_penalty, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
+
+
+def _output_kind(value: Any) -> RequestOutputKind:
+    """A RequestOutputKind from its int value (not a bool: True would read as DELTA)."""
+    if not isinstance(value, bool) and isinstance(value, int):
+        try:
+            return RequestOutputKind(value)
+        except ValueError:
+            pass
+    kinds = ", ".join(f"{k.name} ({k.value})" for k in RequestOutputKind)
+    raise SamplingParamsError("output_kind", f"output_kind must be a RequestOutputKind: {kinds}; got {value!r}.")
+
+
+@functools.cache
+def _warn_beam_temperature() -> None:
+    # vLLM v1 ranks beams by the model's raw log-probs too (its default logprobs mode), so it is
+    # accepted for compatibility; warned once per process, not once per request.
+    logger.warning("BeamSearchParams.temperature has no effect: beam search ranks the model's raw "
+                   "log-probs, so it is deterministic whatever the temperature.")

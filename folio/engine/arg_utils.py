@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from folio.config import (
 )
 from folio.engine.vllm_args import split_vllm_kwargs
 from folio.logger import init_logger
+from folio.param_checks import SamplingParamsError, check_bool, check_int, check_number
 from folio.transformers_utils.model_path import resolve_model_path
 
 logger = init_logger(__name__)
@@ -113,6 +115,7 @@ class EngineArgs:
     def create_engine_config(self) -> EngineConfig:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}.")
+        self._check_types()
         device = resolve_device(self.device)
         model_path = resolve_model_path(self.model)
         model = ModelConfig.create(
@@ -151,8 +154,7 @@ class EngineArgs:
             preemption_mode=self.preemption_mode,
             async_scheduling=self.async_scheduling,
         )
-        if self.max_logprobs < 0:
-            raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}.")
+        check_int("max_logprobs", self.max_logprobs, minimum=0, what="non-negative")
         lora = LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras) if self.enable_lora else None
         self._warn_unused_lora_args()
         structured = StructuredOutputsConfig.from_value(self.structured_outputs_config)
@@ -175,6 +177,24 @@ class EngineArgs:
             raise ValueError("enable_lora with tensor_parallel_size > 1 is not supported yet.")
         return EngineConfig(model, cache, scheduler, DeviceConfig(device), parallel, lora=lora,
                             structured_outputs=structured, speculative=speculative, draft_model=draft)
+
+    def _check_types(self) -> None:
+        """The types the config classes do not check themselves: Python callers (LLM(...)) pass
+        anything, and "no" would turn a flag on, "0.5" fail a comparison with a TypeError. The
+        CLI gives real bools and numbers (argparse's types), so it always passes."""
+        for name in _BOOL_ARGS:
+            check_bool(name, getattr(self, name))
+        for name in _NUMBER_ARGS:
+            check_number(name, getattr(self, name))
+        for name in _OPTIONAL_INT_ARGS:
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), minimum=1, what="a positive integer")
+        for name in ("model", "tokenizer"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise SamplingParamsError(name, f"{name} must be a checkpoint folder or hub id (a str), got {value!r}.")
+        if self.served_model_name is not None and not isinstance(self.served_model_name, str):
+            raise SamplingParamsError("served_model_name", f"served_model_name must be a str, got {self.served_model_name!r}.")
 
     def _draft_model_config(
         self, speculative: SpeculativeConfig | None, target: ModelConfig, device: str
@@ -298,6 +318,13 @@ class EngineArgs:
 
         names = cls.field_names() | set(BY_NAME)
         return cls.from_kwargs(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+
+# Arguments typed here (EngineArgs._check_types); the rest are checked by their config classes.
+_BOOL_ARGS = ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill", "async_scheduling",
+              "skip_tokenizer_init", "enable_lora")
+_NUMBER_ARGS = ("gpu_memory_utilization", "swap_space", "cpu_kv_cache_space")
+_OPTIONAL_INT_ARGS = ("max_num_seqs", "max_num_batched_tokens")
 
 
 def _vllm_aware_init(dataclass_init):

@@ -15,9 +15,12 @@ from typing import Any
 
 from folio.config import ModelConfig
 from folio.core.request import Request
+from folio.logger import init_logger
 from folio.lora.request import LoRARequest
 from folio.param_checks import check_int
-from folio.sampling_params import SamplingParams, SamplingParamsError
+from folio.sampling_params import BeamSearchParams, SamplingParams, SamplingParamsError
+
+logger = init_logger(__name__)
 
 PromptType = str | Mapping[str, Any]
 
@@ -35,6 +38,8 @@ class ProcessedPrompt:
 
 # The keys a dict prompt may carry (vLLM's TextPrompt / TokensPrompt, text only).
 _PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
+# torch.Generator.manual_seed takes seeds below 2**64 (negative ones it reads modulo 2**64).
+_SEED_MODULUS = 2**64
 
 
 def check_priority(priority: object, policy: str) -> None:
@@ -58,6 +63,17 @@ class InputProcessor:
         self.eos_token_ids = eos_token_ids
         self.max_logprobs = max_logprobs
         self.vocab_size = model_config.vocab_size
+        _warn_if_tokenizer_is_larger(tokenizer, self.vocab_size)
+
+    def process_request(self, prompt: PromptType, params: Any) -> ProcessedPrompt:
+        """The prompt, checked and truncated, and its params checked: everything a request can be
+        refused for before an adapter is loaded (which may push another out of the CPU cache)."""
+        if isinstance(params, BeamSearchParams):
+            processed = self.process_prompt(prompt)
+            self.check_beam_search(params, len(processed.token_ids))
+            return processed
+        self.check_params(params)
+        return self.truncate_prompt(self.process_prompt(prompt), params)
 
     def process_prompt(self, prompt: PromptType) -> ProcessedPrompt:
         if isinstance(prompt, str):
@@ -82,9 +98,10 @@ class InputProcessor:
             f"got {type(prompt).__name__}."
         )
 
-    def check_params(self, params: Any, num_prompt_tokens: int) -> SamplingParams:
+    def check_params(self, params: Any, num_prompt_tokens: int | None = None) -> SamplingParams:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}.")
+        params.verify()  # fields may have been set since construction (sp.n = 3, sp.temperature = nan)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.max_logprobs:
@@ -152,7 +169,8 @@ class InputProcessor:
 
         The children form a fork family: child 0 computes the prompt, the others wait for it
         and share its blocks (core/admission.py), computing only the last prompt token each.
-        With a seed, child i samples with seed + i, so samples differ but repeat across runs.
+        With a seed, child i samples with seed + i, so samples differ but repeat across runs;
+        seed + i wraps modulo 2**64 (torch's seed range), so any valid seed takes any n.
         Only child 0 scores the prompt (prompt_logprobs). With best_of > n every child tracks
         its cumulative log-prob (logprobs=0 at least), by which the n best are returned.
         """
@@ -165,7 +183,7 @@ class InputProcessor:
             child = params.clone()
             child.n = child.best_of = 1
             if params.seed is not None:
-                child.seed = params.seed + index
+                child.seed = (params.seed + index) % _SEED_MODULUS
             if index > 0:
                 child.prompt_logprobs = None
             if num_samples > params.n and child.logprobs is None:
@@ -210,7 +228,14 @@ class InputProcessor:
     def _encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("This engine has no tokenizer: pass {'prompt_token_ids': [...]}.")
-        return list(self.tokenizer.encode(text))
+        ids = list(self.tokenizer.encode(text))
+        # A tokenizer larger than the model's embedding gives ids the model has no row for.
+        if ids and max(ids) >= self.vocab_size:
+            raise SamplingParamsError(
+                "prompt", f"The prompt encodes to token id {max(ids)}, outside the model's vocabulary "
+                f"[0, {self.vocab_size}): the tokenizer does not match the model."
+            )
+        return ids
 
     def _check_token_ids(self, ids: Any) -> None:
         if not isinstance(ids, (list, tuple)):
@@ -228,6 +253,18 @@ class InputProcessor:
             raise SamplingParamsError(
                 field, f"{field}: token id {tok} is outside the vocabulary [0, {self.vocab_size})."
             )
+
+
+def _warn_if_tokenizer_is_larger(tokenizer: Any, vocab_size: int) -> None:
+    """Say at start-up when the tokenizer has ids the model cannot embed (a model padded beyond
+    its tokenizer, the usual case, is fine): text prompts holding them are refused."""
+    try:
+        size = len(tokenizer) if tokenizer is not None else 0
+    except TypeError:  # a tokenizer without len(): nothing to compare
+        return
+    if size > vocab_size:
+        logger.warning("The tokenizer has %d tokens but the model's vocab_size is %d: prompts with "
+                       "token ids >= %d will be refused. Is it the model's tokenizer?", size, vocab_size, vocab_size)
 
 
 def child_request_id(index: int, parent_id: str) -> str:

@@ -16,6 +16,7 @@ from folio.engine.llm_engine import LLMEngine
 from folio.engine.startup_heap import frozen_heap_while_running
 from folio.lora.request import LoRARequest
 from folio.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from folio.param_checks import check_bool
 from folio.pooling_params import PoolingParams
 from folio.sampling_params import RequestOutputKind, SamplingParams
 from folio.transformers_utils.chat_template import check_template_kwargs, render_chat, resolve_chat_template
@@ -121,6 +122,8 @@ class LLM:
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Render each conversation with the checkpoint's chat template, then generate."""
+        check_bool("add_generation_prompt", add_generation_prompt)  # "no" would read as True
+        check_bool("continue_final_message", continue_final_message)
         conversations = _as_conversation_list(messages)
         template_kwargs = check_template_kwargs(chat_template_kwargs)
         tokenizer = self.get_tokenizer()
@@ -151,15 +154,7 @@ class LLM:
         """One embedding per prompt (vLLM's LLM.embed): the model's final hidden states pooled
         as pooler_config says (last token by default, or mean), L2-normalized unless asked not."""
         prompt_list = _as_prompt_list(prompts)
-        if pooling_params is None or isinstance(pooling_params, PoolingParams):
-            params = [pooling_params or PoolingParams()] * len(prompt_list)
-        else:
-            if not isinstance(pooling_params, Sequence) or isinstance(pooling_params, str):
-                raise ValueError(f"pooling_params must be PoolingParams or a list of them, got "
-                                 f"{type(pooling_params).__name__}.")
-            params = list(pooling_params)
-            if len(params) != len(prompt_list):
-                raise ValueError(f"{len(params)} pooling_params for {len(prompt_list)} prompts.")
+        params = _pooling_per_prompt(pooling_params, len(prompt_list))
         truncation = SamplingParams(truncate_prompt_tokens=truncate_prompt_tokens)  # its checks, its rule
         engine = self.llm_engine
         model = engine.config.model
@@ -250,10 +245,26 @@ class LLM:
         return [finished[r] for r in request_ids]
 
 
+def _pooling_per_prompt(pooling_params: Any, num_prompts: int) -> list[PoolingParams]:
+    if pooling_params is None or isinstance(pooling_params, PoolingParams):
+        return [pooling_params or PoolingParams()] * num_prompts
+    if not isinstance(pooling_params, Sequence) or isinstance(pooling_params, str):
+        raise ValueError(f"pooling_params must be PoolingParams or a list of them, got "
+                         f"{type(pooling_params).__name__}.")
+    params = list(pooling_params)
+    if len(params) != num_prompts:
+        raise ValueError(f"{len(params)} pooling_params for {num_prompts} prompts.")
+    for p in params:  # None is no default here: vLLM's list takes PoolingParams only
+        if not isinstance(p, PoolingParams):
+            raise ValueError(f"pooling_params entries must be PoolingParams, got {type(p).__name__}.")
+    return params
+
+
 def _lora_per_prompt(lora_request: Any, num_prompts: int) -> list[LoRARequest | None] | None:
     if lora_request is None or isinstance(lora_request, LoRARequest):
         return None if lora_request is None else [lora_request] * num_prompts
-    if not isinstance(lora_request, Sequence):
+    # A str is a Sequence too: "adapter" would read as 7 entries.
+    if not isinstance(lora_request, Sequence) or isinstance(lora_request, (str, bytes)):
         raise ValueError(f"lora_request must be a LoRARequest or a list of them, got {type(lora_request).__name__}.")
     loras = list(lora_request)
     if len(loras) != num_prompts:

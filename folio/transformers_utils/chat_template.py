@@ -53,8 +53,12 @@ def resolve_chat_template(model_dir: str | None, tokenizer: Any, override: str |
     return _pick_default(getattr(tokenizer, "chat_template", None), "the tokenizer")
 
 
-def load_chat_template(source: str) -> str:
+def load_chat_template(source: str | os.PathLike[str]) -> str:
     """A template from a file path, or `source` itself when it is Jinja text."""
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str):  # 5 would fail in posixpath with a TypeError
+        raise ChatTemplateError(f"chat_template must be a file path or the template text, got {source!r}.")
     path = os.path.expanduser(source)
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
@@ -121,7 +125,12 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
 
 def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """chat_template_kwargs as a dict, refusing the names render_chat sets itself."""
+    if kwargs is not None and not isinstance(kwargs, Mapping):  # dict([1]) or dict("x") fails unclearly
+        raise ChatTemplateError(f"chat_template_kwargs must be a dict of template variables, got {kwargs!r}.")
     kwargs = dict(kwargs or {})
+    names = [k for k in kwargs if not isinstance(k, str)]
+    if names:
+        raise ChatTemplateError(f"chat_template_kwargs keys must be strings, got {names[0]!r}.")
     reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
     if reserved:
         raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(reserved)}.")
@@ -167,9 +176,16 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             **variables,
         )
-    except (jinja2.TemplateError, TypeError, ValueError) as e:
+    except _TEMPLATE_FAILURES as e:
         raise ChatTemplateError(f"The chat template failed to render: {e}") from e
     return _cut_at_marker(text) if continue_final_message else text
+
+
+# What a template (a stranger's code) can raise while rendering: its own errors, bad operations
+# ({{ 1/0 }}, {{ x[5] }} on a string), the sandbox's range limit (OverflowError), runaway
+# recursion or allocation. All are the template's failure, reported as such (a 400), never a 500.
+_TEMPLATE_FAILURES = (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError,
+                      RecursionError, MemoryError)
 
 
 def _plain_message(message: Any) -> dict[str, Any]:

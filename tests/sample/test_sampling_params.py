@@ -58,6 +58,10 @@ INVALID = [
     ("skip_special_tokens", 0),
     ("include_stop_str_in_output", None),
     ("extra_args", [1]),
+    # found by a review: a ValueError without .param, or True read as DELTA
+    ("output_kind", 5),
+    ("output_kind", True),
+    ("output_kind", "DELTA"),
 ]
 
 
@@ -100,3 +104,88 @@ def test_eos_joins_the_stop_ids_unless_ignored():
     ignoring = SamplingParams(stop_token_ids=[9], ignore_eos=True)
     ignoring.update_from_model({2})
     assert ignoring.all_stop_token_ids == {9}
+
+
+# ---- fields set after construction (found by a review: never checked again) ------------------
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("temperature", math.nan), ("max_tokens", "3"), ("n", 0), ("top_p", 2.0), ("stop", [""]),
+     ("output_kind", 7), ("ignore_eos", "no"), ("truncate_prompt_tokens", "3")],
+)
+def test_verify_checks_fields_set_after_construction(field, value):
+    params = SamplingParams()
+    setattr(params, field, value)
+    with pytest.raises(SamplingParamsError) as err:
+        params.verify()
+    assert err.value.param == field
+
+
+def test_a_defaulted_best_of_follows_n_set_later():
+    params = SamplingParams()
+    params.n = 3
+    params.verify()
+    assert params.best_of == 3
+    params.n = 2
+    params.verify()
+    assert params.best_of == 2
+    given = SamplingParams(n=2, best_of=4)
+    given.n = 3
+    given.verify()
+    assert given.best_of == 4  # a best_of the user gave is kept
+    given.n = 5
+    with pytest.raises(SamplingParamsError) as err:
+        given.verify()
+    assert err.value.param == "best_of"
+
+
+def test_verify_of_unchanged_params_is_idempotent():
+    params = SamplingParams(n=2, temperature=0.0, top_p=0.5, top_k=-1, stop="END", stop_token_ids=(3,),
+                            logit_bias={"7": 1}, seed=5, output_kind=1)
+    before = params.to_dict()
+    params.verify()
+    params.verify()
+    assert params.to_dict() == before
+    assert params == SamplingParams(n=2, temperature=0.0, top_p=0.5, top_k=-1, stop="END", stop_token_ids=(3,),
+                                    logit_bias={"7": 1}, seed=5, output_kind=1)
+
+
+def test_setting_temperature_to_zero_later_turns_truncations_off():
+    params = SamplingParams(top_p=0.5, top_k=3)
+    params.temperature = 0.0
+    params.verify()
+    assert (params.top_p, params.top_k) == (1.0, 0)
+
+
+# ---- BeamSearchParams -----------------------------------------------------------------------
+@pytest.mark.parametrize("field", ["ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                                   "spaces_between_special_tokens"])
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_beam_search_booleans_are_type_checked(field, value):
+    # found by a review: ignore_eos="no" read as True; skip_special_tokens="no" failed after the search
+    from folio.sampling_params import BeamSearchParams
+
+    with pytest.raises(SamplingParamsError) as err:
+        BeamSearchParams(beam_width=2, max_tokens=4, **{field: value})
+    assert err.value.param == field
+
+
+def test_beam_search_temperature_warns_that_it_has_no_effect():
+    import logging
+
+    import folio.sampling_params as module
+    from folio.sampling_params import BeamSearchParams
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    module.logger.addHandler(handler)  # folio's loggers do not propagate to caplog's root
+    module._warn_beam_temperature.cache_clear()
+    try:
+        BeamSearchParams(beam_width=2, max_tokens=4)
+        assert not records
+        BeamSearchParams(beam_width=2, max_tokens=4, temperature=0.7)
+        BeamSearchParams(beam_width=2, max_tokens=4, temperature=0.9)
+    finally:
+        module.logger.removeHandler(handler)
+    assert len(records) == 1  # once per process, not once per request
+    assert "temperature has no effect" in records[0].getMessage()
