@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
@@ -37,11 +38,17 @@ class CacheConfig:
                 "num_gpu_blocks_override must be a positive integer, "
                 f"got {self.num_gpu_blocks_override!r}."
             )
-        if self.cpu_kv_cache_space_gib <= 0:
-            raise ValueError(
-                f"cpu_kv_cache_space_gib must be positive, got {self.cpu_kv_cache_space_gib}."
-            )
+        _check_gib("cpu_kv_cache_space", self.cpu_kv_cache_space_gib, zero_ok=False)
         if self.cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.cache_dtype!r}.")
-        if self.swap_space_gib < 0:
-            raise ValueError(f"swap_space must be non-negative, got {self.swap_space_gib}.")
+        _check_gib("swap_space", self.swap_space_gib, zero_ok=True)
+
+
+def _check_gib(name: str, value: object, zero_ok: bool) -> None:
+    """A size in GiB, named as the user wrote it (the field names add _gib): inf overflowed and
+    NaN failed an int() conversion deep in the worker, naming nothing."""
+    flag = "--" + name.replace("_", "-")
+    what = "non-negative" if zero_ok else "positive"
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise ValueError(f"{name} ({flag}) must be a finite, {what} number of GiB, got {value!r}.")

@@ -9,8 +9,14 @@ from folio.config.device import DeviceConfig, ParallelConfig
 from folio.config.lora import LoRAConfig
 from folio.config.model import ModelConfig
 from folio.config.scheduler import SchedulerConfig
+from folio.config.memory import check_host_memory
 from folio.config.structured_outputs import StructuredOutputsConfig
 from folio.config.speculative import SpeculativeConfig
+from folio.logger import init_logger
+
+logger = init_logger(__name__)
+# Warnings already given in this process: the CLI and the engine may build the config twice.
+_WARNED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,8 @@ class EngineConfig:
         if self.scheduler.max_model_len != self.model.max_model_len:
             raise ValueError("scheduler and model disagree on max_model_len.")
         self._check_draft()
+        check_host_memory(self)
+        self._warn_ignored_flags()
 
     def _check_draft(self) -> None:
         wants_draft = self.speculative is not None and self.speculative.method == "draft_model"
@@ -40,3 +48,26 @@ class EngineConfig:
                 f"The draft model's vocabulary ({self.draft_model.vocab_size} tokens) differs from the "
                 f"target's ({self.model.vocab_size}): speculative decoding needs the same tokenizer."
             )
+
+    def _warn_ignored_flags(self) -> None:
+        """Flags accepted but meaningless in this setup: say so rather than ignore them silently."""
+        default_utilization = CacheConfig.__dataclass_fields__["gpu_memory_utilization"].default
+        if self.device.device == "cpu" and self.cache.gpu_memory_utilization != default_utilization:
+            _warn_once(
+                "gpu_memory_utilization (--gpu-memory-utilization) has no effect on the CPU: the KV cache "
+                f"there is sized by cpu_kv_cache_space (--cpu-kv-cache-space, now {self.cache.cpu_kv_cache_space_gib:g} "
+                "GiB) or num_gpu_blocks_override (--num-gpu-blocks-override)."
+            )
+        parallel = self.parallel
+        if parallel.tensor_parallel_size == 1:
+            for name in ("master_addr", "master_port"):
+                if getattr(parallel, name) is not None:
+                    flag = "--" + name.replace("_", "-")
+                    _warn_once(f"{name} ({flag}) has no effect with tensor_parallel_size 1 (no ranks to "
+                               "meet): ignored.")
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning(message)

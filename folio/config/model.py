@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from folio.config.generation import resolve_generation_config
+from folio.config.hf_config import apply_hf_overrides, check_model_sizes, load_hf_config
 from folio.pooling_params import PoolerConfig
 
 _DTYPE_ALIASES = {
@@ -26,6 +26,9 @@ ONLINE_QUANTIZATIONS = ("fp8", "int4-rtn")  # int4-rtn: round-to-nearest W4A16, 
 QUANTIZATIONS = SERIALIZED_QUANTIZATIONS + ONLINE_QUANTIZATIONS
 _QUANTIZATION_ALIASES = {"compressed_tensors": "compressed-tensors", "gptq_marlin": "gptq", "awq_marlin": "awq"}
 # Keys that different architectures use for their trained context length, in order of trust.
+# What torch.Generator.manual_seed takes: a seed beyond it failed at start with "Overflow when
+# unpacking long long", naming no argument (SamplingParams.seed has the same bounds).
+SEED_RANGE = (-(2**63), 2**64 - 1)
 _MAX_LEN_KEYS = (
     "max_position_embeddings",
     "n_positions",
@@ -53,6 +56,12 @@ class ModelConfig:
     skip_tokenizer_init: bool = False  # no tokenizer: token ids in, token ids out
     pooler_config: Any = None  # pooling_params.PoolerConfig: embeddings' default pooling
     quantization: str | None = None  # resolved by resolve_quantization; None: unquantized
+
+    def __post_init__(self) -> None:
+        low, high = SEED_RANGE
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not low <= self.seed <= high:
+            raise ValueError(f"seed (--seed) must be an integer that fits in 64 bits ({low} to {high}), "
+                             f"got {self.seed!r}.")
 
     @property
     def quantization_config(self) -> dict[str, Any]:
@@ -118,6 +127,7 @@ class ModelConfig:
     ) -> ModelConfig:
         """Read `model`/config.json and resolve dtype and context length, or raise ValueError."""
         hf_config = apply_hf_overrides(load_hf_config(model), hf_overrides)
+        check_model_sizes(model, hf_config, hf_overrides)
         archs = hf_config.get("architectures") or []
         if not archs:
             raise ValueError(f"{model}/config.json names no 'architectures'.")
@@ -176,77 +186,6 @@ def resolve_quantization(requested: str | None, hf_config: dict[str, Any]) -> st
             f"one has none (to quantize on load use one of {ONLINE_QUANTIZATIONS})."
         )
     return stored or wanted
-
-
-def load_hf_config(model: str) -> dict[str, Any]:
-    path = os.path.join(model, "config.json")
-    if not os.path.isfile(path):
-        raise ValueError(
-            f"No config.json in {model!r}: pass a Hugging Face checkpoint folder "
-            "(config.json + *.safetensors + tokenizer files)."
-        )
-    with open(path, encoding="utf-8") as f:
-        try:
-            config = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path} must hold a JSON object.")
-    # Multimodal wrappers keep the language model under text_config; we serve that part.
-    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
-        text = dict(config["text_config"])
-        text.setdefault("architectures", config.get("architectures"))
-        config = text
-    return config
-
-
-def apply_hf_overrides(config: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
-    """vLLM's hf_overrides: keys merged over config.json (nested dicts merged key by key)."""
-    if overrides is None:
-        return config
-    if not isinstance(overrides, dict):
-        raise ValueError(f"hf_overrides must be a dict of config.json keys, got {overrides!r}.")
-    merged = dict(config)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = {**merged[key], **value}
-        else:
-            merged[key] = value
-    return merged
-
-
-def resolve_generation_config(
-    model: str, source: str, overrides: dict[str, Any] | None
-) -> dict[str, Any]:
-    """vLLM's generation_config: 'auto' reads the checkpoint's generation_config.json, 'vllm'
-    uses no sampling defaults (the EOS ids it names still stop generation), anything else is
-    a folder holding one; override_generation_config is merged over the result."""
-    if overrides is not None and not isinstance(overrides, dict):
-        raise ValueError(f"override_generation_config must be a dict, got {overrides!r}.")
-    if source == "auto":
-        config = load_generation_config(model)
-    elif source == "vllm":
-        own = load_generation_config(model)
-        config = {"eos_token_id": own["eos_token_id"]} if "eos_token_id" in own else {}
-    elif isinstance(source, str) and os.path.isdir(os.path.expanduser(source)):
-        config = load_generation_config(os.path.expanduser(source))
-    else:
-        raise ValueError(
-            f"generation_config must be 'auto', 'vllm' or a folder with generation_config.json, got {source!r}."
-        )
-    return {**config, **(overrides or {})}
-
-
-def load_generation_config(model: str) -> dict[str, Any]:
-    path = os.path.join(model, "generation_config.json")
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError:
-            return {}
-    return data if isinstance(data, dict) else {}
 
 
 def checkpoint_dtype(hf_config: dict[str, Any]) -> str | None:

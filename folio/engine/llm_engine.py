@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from folio.config import EngineConfig
+from folio.config.generation import SAMPLING_DEFAULTS  # generation_config.json keys, vLLM's
 from folio.core.engine_state import build_engine_state
 from folio.core.request import RequestStatus
 from folio.core.outputs import ModelRunnerOutput
@@ -61,16 +62,6 @@ from folio.worker.model_runner import ModelRunner, StagedStep
 from folio.worker.pending_output import PendingOutput
 
 logger = init_logger(__name__)
-
-# generation_config.json keys that become SamplingParams defaults, as in vLLM.
-_GENERATION_DEFAULTS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-}
-
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, max_logprobs: int = 20) -> None:
@@ -354,7 +345,8 @@ class LLMEngine:
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams() with the checkpoint's generation_config.json defaults applied."""
         gen = self.config.model.generation_config
-        kwargs = {ours: gen[theirs] for theirs, ours in _GENERATION_DEFAULTS.items() if gen.get(theirs) is not None}
+        kwargs = {ours: gen[theirs] for theirs, ours in SAMPLING_DEFAULTS.items()
+                  if theirs != "max_new_tokens" and gen.get(theirs) is not None}
         if isinstance(gen.get("max_new_tokens"), int):
             kwargs["max_tokens"] = gen["max_new_tokens"]
         try:

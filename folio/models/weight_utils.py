@@ -6,12 +6,14 @@ model.safetensors.index.json) or, when there are none, pytorch_model*.bin.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -91,19 +93,30 @@ def checkpoint_files(folder: str, load_format: str) -> tuple[str, list[str]]:
 
 
 # ---- reading ------------------------------------------------------------------------------
-def _read_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+@contextlib.contextmanager
+def _open_safetensors(path: str) -> Iterator[Any]:
+    """safe_open, with a damaged file (truncated by an interrupted download or copy, or not
+    safetensors at all) a ValueError naming it: SafetensorError is no ValueError, so the CLI
+    printed a traceback that named only the header."""
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(path, framework="pt", device="cpu") as f:
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            yield f
+    except SafetensorError as e:
+        raise ValueError(f"Cannot read checkpoint file {path}: {e}. The file is damaged or incomplete "
+                         "(an interrupted download or copy?): fetch it again.") from None
+
+
+def _read_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    with _open_safetensors(path) as f:
         for name in f.keys():
             yield name, f.get_tensor(name)
 
 
 def _slice_safetensors(path: str) -> Iterator[tuple[str, CheckpointSlice]]:
     """Unread slices (tensor parallelism): each rank reads only the part it loads."""
-    from safetensors import safe_open
-
-    with safe_open(path, framework="pt", device="cpu") as f:
+    with _open_safetensors(path) as f:
         for name in f.keys():
             source = f.get_slice(name)
             yield name, CheckpointSlice(source, tuple(source.get_shape()))

@@ -6,6 +6,7 @@ import glob
 import os
 from typing import Any
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 TOKENIZER_MODES = ("auto", "slow")
@@ -38,6 +39,10 @@ def get_tokenizer(path: str, *, tokenizer_mode: str = "auto") -> PreTrainedToken
         return AutoTokenizer.from_pretrained(
             path, trust_remote_code=False, use_fast=tokenizer_mode != "slow"
         )
+    except StrictDataclassError as e:
+        # AutoTokenizer reads config.json too, and transformers' typed configs reject bad fields
+        # with an error that is no ValueError (the CLI printed a traceback): name the file.
+        raise ValueError(f"{os.path.join(path, 'config.json')} is invalid: {' '.join(str(e).split())}") from None
     except (OSError, ValueError, KeyError, TypeError, ImportError) as e:
         raise ValueError(f"Could not load a tokenizer from {path!r}: {e}") from e
 

@@ -58,11 +58,14 @@ def check_fits_one_sequence(num_blocks: int, config: EngineConfig) -> None:
     capacity = num_blocks * config.cache.block_size
     if capacity < config.model.max_model_len:
         needed = math.ceil(config.model.max_model_len / config.cache.block_size)
+        # On the CPU gpu_memory_utilization sizes nothing: name the flag that does.
+        budget = ("cpu_kv_cache_space (--cpu-kv-cache-space)" if config.device.device == "cpu"
+                  else "gpu_memory_utilization (--gpu-memory-utilization)")
         raise ValueError(
             f"The KV cache holds {num_blocks} blocks ({capacity} tokens), fewer than one request "
             f"of max_model_len={config.model.max_model_len} needs ({needed} blocks). Lower "
-            "max_model_len, or give the cache more room (gpu_memory_utilization, "
-            "num_gpu_blocks_override, or a smaller model/dtype)."
+            f"max_model_len, give the cache more room with {budget} or num_gpu_blocks_override, "
+            "or use a smaller model/dtype."
         )
 
 

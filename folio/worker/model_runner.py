@@ -30,6 +30,7 @@ from folio.parallel import all_reduce_min, get_tp_rank, get_tp_size
 from folio.worker import step_broadcast
 from folio.sample.sampler import Sampler
 from folio.worker import block_ops
+from folio.worker.allocation import named_allocation
 from folio.worker import kv_cache as kvc
 from folio.worker.chunk_graphs import chunk_graph_bytes, chunk_graph_cap, chunk_graph_keys, chunk_step_shape
 from folio.worker.cuda_graphs import GRAPH_MEMORY_RESERVE, CudaGraphRunner, decode_graph_sizes
@@ -76,9 +77,10 @@ class ModelRunner(StepSampling):
         # CPU blocks for preemption by swap (allocated, pinned on a GPU, on the first swap-out).
         self.swap_pool = block_ops.SwapPool.for_config(self.kv_spec, config, self.device)
         sched = config.scheduler
-        self.inputs = StepInputBuilder(
-            sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_model_len, self.block_size, self.device
-        )
+        with named_allocation("the step buffers", "max_num_batched_tokens", "max_num_seqs"):
+            self.inputs = StepInputBuilder(
+                sched.max_num_batched_tokens, sched.max_num_seqs, sched.max_model_len, self.block_size, self.device
+            )
         self.graphs: CudaGraphRunner | None = None  # captured once the KV cache exists
         self.chunk_keys = self._chunk_graph_keys()  # (chunk tokens, decode slots) of the chunk graphs
         self.graph_reserve = GRAPH_MEMORY_RESERVE  # memory the KV sizing leaves the graphs (profiled on a GPU)
@@ -98,8 +100,9 @@ class ModelRunner(StepSampling):
         """Multi-LoRA: wrap the loaded model's linear layers around GPU adapter slots."""
         if config.lora is None:
             return None
-        manager = LoRAManager(config.lora, config.scheduler.max_num_batched_tokens, self.device, self.dtype)
-        manager.wrap(self.model)
+        with named_allocation("the LoRA adapter slots", "max_loras", "max_lora_rank"):
+            manager = LoRAManager(config.lora, config.scheduler.max_num_batched_tokens, self.device, self.dtype)
+            manager.wrap(self.model)
         return manager
 
     # ---- KV cache ---------------------------------------------------------------------------
@@ -127,7 +130,8 @@ class ModelRunner(StepSampling):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate and bind the KV cache, then capture the decode graphs (they bake in its
         address: a cache bound later needs a new capture)."""
-        self.kv_cache = kvc.allocate_kv_cache(self.kv_spec, num_blocks, self.device)
+        with named_allocation(f"the KV cache ({num_blocks} blocks)", *self._kv_cache_flags()):
+            self.kv_cache = kvc.allocate_kv_cache(self.kv_spec, num_blocks, self.device)
         self.model.bind_kv_caches(list(self.kv_cache.unbind(0)))
         if self.speculator is not None:
             self.speculator.initialize_kv_cache(num_blocks, self.swap_pool.num_blocks)
@@ -139,6 +143,12 @@ class ModelRunner(StepSampling):
                 self.speculator.capture_graphs(self.inputs, sizes)
             # batch-1 greedy's kernels, for the logits the sampler gets (the LM head's dtype)
             argmax.warm_up(self.config.model.vocab_size, self.device, self.dtype)
+
+    def _kv_cache_flags(self) -> tuple[str, ...]:
+        """The arguments that sized the KV cache."""
+        if self.config.cache.num_gpu_blocks_override is not None:
+            return ("num_gpu_blocks_override",)
+        return ("cpu_kv_cache_space",) if self.device.type == "cpu" else ("gpu_memory_utilization",)
 
     def uses_cuda_graphs(self) -> bool:
         """Decode steps replay CUDA graphs unless enforce_eager, off CUDA, or on the torch
@@ -164,7 +174,9 @@ class ModelRunner(StepSampling):
         """Run the largest step the scheduler can issue, then give the rest of the budget to KV."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        self.profile_run()
+        with named_allocation("a step of max_num_batched_tokens tokens (the memory profile)",
+                              "max_num_batched_tokens", "max_num_seqs"):
+            self.profile_run()
         torch.cuda.synchronize()
         peak_torch = torch.cuda.max_memory_allocated()
         free, total = torch.cuda.mem_get_info()

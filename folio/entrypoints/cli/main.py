@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from folio.entrypoints.cli.arg_errors import FolioArgumentParser, parse_or_exit
 from folio.version import __version__
 
 # subcommand name -> module with register(subparsers) and run(args)
@@ -19,7 +20,8 @@ _SUBCOMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(prog="folio", description="folio: LLM inference and serving")
+    # Subcommands' parsers are made with the top parser's class: one-line errors everywhere.
+    parser = FolioArgumentParser(prog="folio", description="folio: LLM inference and serving")
     parser.add_argument("--version", action="version", version=f"folio {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in _SUBCOMMANDS.items():
@@ -35,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_or_exit(parser, argv)
     if not getattr(args, "command", None):
         parser.print_help()
         sys.exit(2)
