@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
 from folio.engine.arg_utils import EngineArgs
 from folio.entrypoints.openai.frontend_args import FrontendConfig, add_frontend_args
+from folio.logger import init_logger
+
+logger = init_logger(__name__)
 
 API_KEY_ENV = "FOLIO_API_KEY"
 DEFAULT_MAX_WAITING_REQUESTS = 1024
@@ -17,7 +21,8 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 
 @dataclass(frozen=True)
 class LoRAModulePath:
-    """One --lora-modules entry: `name=path` or vLLM's JSON `{"name", "path", "base_model_name"}`."""
+    """One --lora-modules entry: `name=path` or vLLM's JSON `{"name", "path", "base_model_name"}`
+    (base_model_name: the adapter's `parent` in /v1/models, as in vLLM; default the served model)."""
 
     name: str
     path: str
@@ -49,8 +54,16 @@ class ServerConfig:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}.")
         if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
             raise ValueError(f"--max-waiting-requests must be at least 1, got {self.max_waiting_requests}.")
-        if self.shutdown_timeout < 0:
-            raise ValueError(f"--shutdown-timeout must be non-negative, got {self.shutdown_timeout}.")
+        # NaN passes a `< 0` test, and uvicorn's graceful shutdown fails on NaN or inf at SIGTERM.
+        if not (math.isfinite(self.shutdown_timeout) and self.shutdown_timeout >= 0):
+            raise ValueError(f"--shutdown-timeout must be a finite number of seconds >= 0, "
+                             f"got {self.shutdown_timeout}.")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("--api-key must not be empty: an empty key would turn authentication off.")
+        names = [m.name for m in self.lora_modules]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"--lora-modules names {repeated[0]!r} more than once: adapter names must be unique.")
         self._check_parsers()
 
     def _check_parsers(self) -> None:
@@ -63,14 +76,26 @@ class ServerConfig:
             raise ValueError(f"--tool-call-parser must be one of {', '.join(sorted(TOOL_PARSERS))}, got {self.tool_call_parser!r}.")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"--reasoning-parser must be one of {', '.join(sorted(REASONING_PARSERS))}, got {self.reasoning_parser!r}.")
+        if self.tool_call_parser is not None and not self.enable_auto_tool_choice:
+            # The parser reads tool_choice "auto" only; "required" and a named function are
+            # constrained decoding, which needs no parser. So without the flag it does nothing.
+            logger.warning("--tool-call-parser %s is unused without --enable-auto-tool-choice: requests with "
+                           'tool_choice "auto" get a 400 ("required" and named functions work without a parser).',
+                           self.tool_call_parser)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
+        names = getattr(args, "served_model_name", None)  # vLLM's form: a list (of one name)
+        if any(not name.strip() for name in ([names] if isinstance(names, str) else names or ())):
+            # The engine would fall back to the model's path: a name nobody asked for.
+            raise ValueError("--served-model-name must not be empty.")
         waiting = args.max_waiting_requests
+        # An explicit --api-key "" is an error (__post_init__); only an empty $FOLIO_API_KEY means none.
+        api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
         return cls(
             host=args.host,
             port=args.port,
-            api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+            api_key=api_key,
             chat_template=args.chat_template,
             max_waiting_requests=None if waiting == 0 else waiting,
             shutdown_timeout=args.shutdown_timeout,
@@ -85,6 +110,14 @@ class ServerConfig:
             tool_call_parser=args.tool_call_parser,
             reasoning_parser=args.reasoning_parser,
         )
+
+
+def check_lora_flags(config: ServerConfig, lora_enabled: bool) -> None:
+    """Flags that need an engine serving adapters: refused at startup, not answered with a 400 later."""
+    if config.lora_modules and not lora_enabled:
+        raise ValueError("--lora-modules needs --enable-lora.")
+    if config.allow_runtime_lora_updating and not lora_enabled:
+        raise ValueError("--allow-runtime-lora-updating needs --enable-lora.")
 
 
 def engine_process_wanted(flag: bool | None, device: str, tensor_parallel_size: int = 1) -> bool:
@@ -150,10 +183,26 @@ def parse_lora_module(text: str) -> LoRAModulePath:
             fields = json.loads(text)
         except json.JSONDecodeError as e:
             raise argparse.ArgumentTypeError(f"invalid JSON in --lora-modules {text!r}: {e}") from None
-        if not isinstance(fields, dict) or not isinstance(fields.get("name"), str) or not isinstance(fields.get("path"), str):
-            raise argparse.ArgumentTypeError(f"--lora-modules JSON needs string 'name' and 'path', got {text!r}")
-        return LoRAModulePath(fields["name"], fields["path"], fields.get("base_model_name"))
+        return _lora_module_from_json(text, fields)
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
         raise argparse.ArgumentTypeError(f"--lora-modules entries are name=path, got {text!r}")
     return LoRAModulePath(name, path)
+
+
+_LORA_JSON_KEYS = ("name", "path", "base_model_name")
+
+
+def _lora_module_from_json(text: str, fields: object) -> LoRAModulePath:
+    if not (isinstance(fields, dict) and isinstance(fields.get("name"), str) and isinstance(fields.get("path"), str)):
+        raise argparse.ArgumentTypeError(f"--lora-modules JSON needs string 'name' and 'path', got {text!r}")
+    if not fields["name"] or not fields["path"]:
+        raise argparse.ArgumentTypeError(f"--lora-modules JSON needs a non-empty 'name' and 'path', got {text!r}")
+    base = fields.get("base_model_name")
+    if base is not None and not isinstance(base, str):
+        raise argparse.ArgumentTypeError(f"--lora-modules 'base_model_name' must be a string, got {text!r}")
+    unknown = sorted(set(fields) - set(_LORA_JSON_KEYS))
+    if unknown:  # vLLM's keys only; anything else would be dropped without a word
+        logger.warning("--lora-modules %s: ignoring unknown key(s) %s (known: %s).", fields["name"],
+                       ", ".join(map(repr, unknown)), ", ".join(_LORA_JSON_KEYS))
+    return LoRAModulePath(fields["name"], fields["path"], base)

@@ -9,6 +9,10 @@ import json
 import os
 from dataclasses import dataclass
 
+from folio.logger import init_logger
+
+logger = init_logger(__name__)
+
 METRICS_COMPAT = ("vllm", "none")
 
 
@@ -53,15 +57,27 @@ class FrontendConfig:
             path = getattr(self, name)
             if path is not None and not os.path.isfile(path):
                 raise ValueError(f"--{name.replace('_', '-')} {path!r} is not a file.")
+        self._check_client_certs()
         if self.metrics_compat not in METRICS_COMPAT:
             raise ValueError(f"--metrics-compat must be one of {METRICS_COMPAT}, got {self.metrics_compat!r}.")
         if self.max_log_len is not None and self.max_log_len < 0:
             raise ValueError(f"--max-log-len must be non-negative, got {self.max_log_len}.")
+        if self.max_log_len is not None and not self.enable_log_requests:
+            logger.warning("--max-log-len is unused without --enable-log-requests (no request is logged).")
         for name in ("max_embedding_inputs", "max_embedding_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}.")
         if self.response_role != "assistant":
             raise ValueError(f"--response-role {self.response_role!r}: folio answers as 'assistant' only.")
+
+    def _check_client_certs(self) -> None:
+        """--ssl-ca-certs acts on TLS only; and uvicorn asks clients for no certificate unless
+        told to (vLLM's --ssl-cert-reqs, which folio lacks), so the CA file checks nobody."""
+        if self.ssl_ca_certs is not None and self.ssl_certfile is None:
+            raise ValueError("--ssl-ca-certs needs --ssl-keyfile and --ssl-certfile (it only applies to TLS).")
+        if self.ssl_ca_certs is not None:
+            logger.warning("--ssl-ca-certs: client certificates are not requested, so none is checked "
+                           "(folio has no --ssl-cert-reqs yet); the CA file is loaded and otherwise unused.")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> FrontendConfig:

@@ -5,18 +5,25 @@ the base model as `parent`, and picked by a request's `model` field. Adapters co
 --lora-modules at startup (loaded and checked then: a bad one stops the server) and, with
 --allow-runtime-lora-updating, from POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
 Each adapter gets a fresh integer id when it is loaded, so an adapter unloaded and loaded again
-never shares cached K/V with its earlier self.
+never shares cached K/V with its earlier self. Loads and unloads of one name run one at a time
+(a lock per name): two loads of a name sent together answer as if sent one after the other.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from folio.entrypoints.openai.errors import BadRequestError, NotFoundError, from_engine_error, model_not_found
 from folio.entrypoints.openai.protocol import ModelCard, ModelList
+from folio.logger import init_logger
 from folio.lora.request import LoRARequest
+
+logger = init_logger(__name__)
 
 if TYPE_CHECKING:
     from folio.engine.async_llm import AsyncLLM
@@ -29,6 +36,7 @@ class OpenAIServingModels:
         self.lora_enabled = lora_enabled
         self.adapters: dict[str, tuple[LoRARequest, ModelCard]] = {}
         self._ids = itertools.count(1)
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # name -> its lock, and how many hold or wait
 
     def list(self) -> ModelList:
         return ModelList(data=[self.card, *(card for _, card in self.adapters.values())])
@@ -56,38 +64,60 @@ class OpenAIServingModels:
                              param="model", code="model_not_found")
 
     # ---- loading and unloading ----------------------------------------------------------------
-    async def load(self, engine: AsyncLLM, name: str, path: str, inplace: bool = False) -> LoRARequest:
+    async def load(self, engine: AsyncLLM, name: str, path: str, inplace: bool = False,
+                   parent: str | None = None) -> LoRARequest:
         """Load an adapter into the engine under `name` (400 if unusable or the name is taken;
-        inplace: replace the adapter of that name, once the new one has loaded)."""
+        inplace: replace the adapter of that name, once the new one has loaded). `parent`: the
+        base model /v1/models names for it (--lora-modules' base_model_name; default this one)."""
         if not self.lora_enabled:
             raise BadRequestError("LoRA adapters need a server started with --enable-lora.", param="lora_name")
         if not name or not path:
             raise BadRequestError("Both lora_name and lora_path are required.", param="lora_name" if not name else "lora_path")
-        if name == self.card.id or (name in self.adapters and not inplace):
-            raise BadRequestError(f"The LoRA adapter {name!r} has already been loaded.", param="lora_name")
-        request = LoRARequest(name, next(self._ids), path, base_model_name=self.card.id)
-        try:
-            await engine.add_lora(request)
-        except Exception as e:  # noqa: BLE001 - the engine's reason, as a 400 (or 503 if it is gone)
-            raise from_engine_error(e) from None
-        card = ModelCard(id=name, created=int(time.time()), root=path, parent=self.card.id,
-                         max_model_len=self.card.max_model_len)
-        if name in self.adapters:  # inplace: new requests get the new adapter (a new id)
-            old, _ = self.adapters[name]
-            self.adapters[name] = (request, card)
-            await self._remove_when_idle(engine, old)
-        self.adapters[name] = (request, card)
-        return request
+        async with self._name_lock(name):  # the check and the record, with the engine's await between
+            if name == self.card.id or (name in self.adapters and not inplace):
+                raise BadRequestError(f"The LoRA adapter {name!r} has already been loaded.", param="lora_name")
+            parent = parent or self.card.id
+            request = LoRARequest(name, next(self._ids), path, base_model_name=parent)
+            try:
+                await engine.add_lora(request)
+            except Exception as e:  # noqa: BLE001 - the engine's reason, as a 400 (or 503 if it is gone)
+                raise from_engine_error(e) from None
+            card = ModelCard(id=name, created=int(time.time()), root=path, parent=parent,
+                             max_model_len=self.card.max_model_len)
+            old = self.adapters.get(name)
+            self.adapters[name] = (request, card)  # inplace: new requests get the new adapter (a new id)
+            if old is not None:
+                await self._remove_when_idle(engine, old[0])
+            return request
 
     async def unload(self, engine: AsyncLLM, name: str) -> None:
-        if name not in self.adapters:
-            raise NotFoundError(f"The LoRA adapter {name!r} is not loaded.", param="lora_name", code="model_not_found")
-        request, _ = self.adapters[name]
+        async with self._name_lock(name):
+            if name not in self.adapters:
+                raise NotFoundError(f"The LoRA adapter {name!r} is not loaded.", param="lora_name", code="model_not_found")
+            request, _ = self.adapters[name]
+            try:
+                await engine.remove_lora(request.lora_int_id)
+            except ValueError as e:  # the engine names the adapter by its id, which no client knows
+                raise BadRequestError(_by_name(str(e), request), param="lora_name") from None
+            except Exception as e:  # noqa: BLE001 - e.g. the engine is gone: a 503
+                raise from_engine_error(e) from None
+            del self.adapters[name]
+
+    @contextlib.asynccontextmanager
+    async def _name_lock(self, name: str) -> AsyncIterator[None]:
+        """One load or unload of `name` at a time; the lock is dropped once nobody holds or awaits it."""
+        lock, users = self._locks.get(name, (None, 0))
+        lock = lock or asyncio.Lock()
+        self._locks[name] = (lock, users + 1)
         try:
-            await engine.remove_lora(request.lora_int_id)
-        except Exception as e:  # noqa: BLE001 - e.g. still in use by running requests: a 400
-            raise from_engine_error(e) from None
-        del self.adapters[name]
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[name]
+            if users == 1:
+                del self._locks[name]
+            else:
+                self._locks[name] = (lock, users - 1)
 
     async def _remove_when_idle(self, engine: AsyncLLM, old: LoRARequest) -> None:
         """Unload the replaced adapter; if requests still use it, it stays loaded (the engine
@@ -98,10 +128,19 @@ class OpenAIServingModels:
             pass
 
     async def load_static(self, engine: AsyncLLM, modules: tuple[LoRAModulePath, ...]) -> None:
-        """--lora-modules, at startup: any adapter the engine refuses stops the server."""
+        """--lora-modules, at startup: an adapter the engine refuses is a ValueError naming the entry."""
         for module in modules:
+            if module.base_model_name not in (None, self.card.id):
+                logger.warning("--lora-modules %s: base_model_name %r is not the served model %r; folio serves "
+                               "adapters of the one model it loaded (/v1/models shows %r as its parent).",
+                               module.name, module.base_model_name, self.card.id, module.base_model_name)
             try:
-                await self.load(engine, module.name, module.path)
+                await self.load(engine, module.name, module.path, parent=module.base_model_name)
             except Exception as e:  # noqa: BLE001
                 message = getattr(e, "message", str(e))
                 raise ValueError(f"--lora-modules {module.name}={module.path}: {message}") from None
+
+
+def _by_name(message: str, request: LoRARequest) -> str:
+    """The engine's message with the adapter's internal id replaced by its name."""
+    return message.replace(f"Adapter id {request.lora_int_id} ", f"The LoRA adapter {request.lora_name!r} ")

@@ -3,6 +3,11 @@
 EventStreamResponse aborts its engine requests however the response ends: finished, failed,
 cancelled because the client went away (Starlette cancels the body on http.disconnect), or
 never started at all. event_stream builds it once a refusal can no longer come (see there).
+
+When a graceful shutdown runs out of time, LiveStreams.end_all() ends every stream still going
+as a finished one ends: the engine drops the request, and the stream gets a last output with
+finish_reason "abort" for each choice still open (the engine itself sends nothing for an
+aborted request), so the response writes its final chunk and [DONE] instead of being cut.
 """
 
 from __future__ import annotations
@@ -16,9 +21,9 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from folio.engine.async_llm import RequestStream
+from folio.engine.async_llm import EngineDeadError, RequestStream
 from folio.entrypoints.openai.errors import from_engine_error
-from folio.outputs import RequestOutput
+from folio.outputs import CompletionOutput, RequestOutput
 
 DONE = "data: [DONE]\n\n"
 
@@ -47,7 +52,9 @@ class ChunkFormat:
 
 
 class EventStreamResponse(StreamingResponse):
-    def __init__(self, events: AsyncIterator[str], streams: list[RequestStream]) -> None:
+    def __init__(self, events: AsyncIterator[str], streams: list[RequestStream],
+                 ns: Sequence[int] | None = None) -> None:
+        """ns: each stream's number of choices (its params' n), which end_with_abort closes."""
         super().__init__(
             events,
             media_type="text/event-stream",
@@ -55,13 +62,71 @@ class EventStreamResponse(StreamingResponse):
         )
         self._events = events
         self._streams = streams
+        self._seen = [_Seen(stream, n) for stream, n in zip(streams, ns or [1] * len(streams))]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        live = getattr(getattr(scope.get("app"), "state", None), "live_streams", None)
+        if live is not None:
+            live.add(self)
         try:
             await super().__call__(scope, receive, send)
         finally:
+            if live is not None:
+                live.discard(self)
             abort_all(self._streams)
             await self._events.aclose()
+
+    def end_with_abort(self) -> None:
+        """Abort the engine requests still running, each ending its stream with finish_reason
+        "abort" (shutdown: the response then ends as a finished one does)."""
+        for stream, seen in zip(self._streams, self._seen):
+            if stream.finished or seen.done:
+                continue
+            stream.abort()  # first: AsyncLLM forgets the request, so nothing comes after the last output
+            stream.put(seen.aborted_output(stream.request_id))
+
+
+class LiveStreams(set):
+    """The app's event streams being written (build_app keeps one in app.state.live_streams)."""
+
+    def end_all(self) -> int:
+        for response in list(self):
+            response.end_with_abort()
+        return len(self)
+
+
+class _Seen:
+    """What a stream's outputs said so far (which choices finished, the prompt's token count),
+    for the last output end_with_abort puts. A RequestStream keeps no history (its consumer
+    takes the outputs), so this watches what is put into it from the response's start, after
+    reading what had queued before (its private deque: the engine side offers no other view)."""
+
+    def __init__(self, stream: RequestStream, n: int) -> None:
+        self.n, self.done, self.last, self.finished = n, False, None, set()
+        for item in list(getattr(stream, "_items", ())):
+            self.note(item)
+        put = stream.put
+
+        def tracked_put(item: RequestOutput | BaseException) -> None:
+            self.note(item)
+            put(item)
+
+        stream.put = tracked_put
+
+    def note(self, item: RequestOutput | BaseException) -> None:
+        if isinstance(item, BaseException):  # an error ends the stream
+            self.done = True
+            return
+        self.last = item
+        self.done = self.done or item.finished
+        self.finished.update(c.index for c in item.outputs if c.finish_reason is not None)
+
+    def aborted_output(self, request_id: str) -> RequestOutput:
+        last = self.last
+        choices = [CompletionOutput(i, "", [], None, None, finish_reason="abort")
+                   for i in range(self.n) if i not in self.finished]
+        return RequestOutput(request_id, None, list(last.prompt_token_ids) if last else [], None, choices,
+                             finished=True, num_cached_tokens=last.num_cached_tokens if last else 0)
 
 
 async def event_stream(events: AsyncIterator[str], streams: list[RequestStream],
@@ -78,7 +143,7 @@ async def event_stream(events: AsyncIterator[str], streams: list[RequestStream],
     """
     if any(getattr(p, "structured_outputs", None) is not None for p in params):
         await wait_started(streams)
-    return EventStreamResponse(events, streams)
+    return EventStreamResponse(events, streams, [getattr(p, "n", 1) for p in params])
 
 
 async def wait_started(streams: list[RequestStream]) -> None:
@@ -146,6 +211,8 @@ async def final_outputs(streams: list[RequestStream]) -> list[RequestOutput]:
     try:
         return list(await asyncio.gather(*(_last(s) for s in streams)))
     except ValueError as e:  # refused after it was added (e.g. a constraint nothing satisfies): a 400
+        raise from_engine_error(e) from None
+    except EngineDeadError as e:  # the engine stopped (shutdown, a crash): a 503, as an add would get
         raise from_engine_error(e) from None
     finally:
         abort_all(streams)
