@@ -34,7 +34,7 @@ warm-machine) part warm-machine  # a throwaway W1 run: a fresh machine's first p
   timeout 150 python3 -m folio bench throughput --model $QWEN $COMMON --workload w1 --no-floor --no-progress \
     2>&1 | grep -E "^ *folio" | head -1 ;;
 tests) part tests
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/sample/test_sampler_gpu.py \
+  timeout 450 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/sample/test_sampler_gpu.py \
     tests/worker tests/prefix/test_block_ops.py tests/engine/test_async_scheduling.py 2>&1 | tail -25 | tee "$OUT/gpu-tests.txt" ;;
 w1) part w1
   timeout 200 python3 scripts/w1_offline.py --timeline --modes async,sync --out "$OUT/w1-qwen" 2>&1 | grep -v "it/s" | tail -70 ;;
