@@ -16,6 +16,7 @@ from folio.entrypoints.openai.cli_args import LoRAModulePath, ServerConfig
 from folio.entrypoints.openai.errors import BadRequestError
 from folio.entrypoints.openai.serving_models import OpenAIServingModels
 from tests.helpers.adapters import make_peft_adapter
+from tests.helpers.logs import log_records
 from tests.helpers.checkpoints import make_tiny_checkpoint
 from tests.helpers.tokenizers import save_test_tokenizer
 from tests.server.harness import HANG_LIMIT_S, HeldEngine, ServerThread, make_engine
@@ -102,13 +103,8 @@ def case(tmp_path_factory):
 
 @pytest.fixture
 def folio_warnings():
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    logger = logging.getLogger("folio")
-    logger.addHandler(handler)
-    yield records
-    logger.removeHandler(handler)
+    with log_records(logging.WARNING) as records:
+        yield records
 
 
 @pytest.mark.slow

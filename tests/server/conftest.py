@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 from openai import OpenAI
 
 from tests.helpers.checkpoints import tiny_model_dir
+from tests.helpers.logs import log_records
 from tests.server.harness import ServerThread, make_engine
 
 API_KEY = "unused"  # the shared server has no key; the openai client insists on one
@@ -39,12 +38,5 @@ def client(server) -> OpenAI:
 @pytest.fixture
 def captured():
     """Log records of folio and uvicorn (neither propagates to the root, where caplog listens)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append
-    loggers = [logging.getLogger(name) for name in ("folio", "uvicorn.error")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    yield records
-    for logger in loggers:
-        logger.removeHandler(handler)
+    with log_records(names=("folio", "uvicorn.error")) as records:
+        yield records

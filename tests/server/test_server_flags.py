@@ -11,18 +11,14 @@ import pytest
 from folio.entrypoints.openai.api_server import make_parser
 from folio.entrypoints.openai.cli_args import ServerConfig, check_lora_flags, parse_lora_module
 from folio.entrypoints.openai.frontend_args import FrontendConfig
+from tests.helpers.logs import log_records
 
 
 @pytest.fixture
 def warnings_logged():
     """folio's warnings (its logger does not propagate to the root, where caplog listens)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    logger = logging.getLogger("folio")
-    logger.addHandler(handler)
-    yield lambda: " | ".join(r.getMessage() for r in records)
-    logger.removeHandler(handler)
+    with log_records(logging.WARNING) as records:
+        yield lambda: " | ".join(r.getMessage() for r in records)
 
 
 def _config(*argv: str) -> ServerConfig:
