@@ -294,13 +294,6 @@ class KVCacheManager:
                 self._cached_this_step[table[i]] = request_id
         self._num_cached_blocks[request_id] = num_full
 
-    def forget_cached_prefixes(self) -> None:
-        """A step failed: blocks registered in it (or in the step in flight beside it) may hold
-        no K/V, so nothing cached is trusted; running tables keep their blocks, uncached."""
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()
-            self._cached_this_step = {}
-
     def count_lookup(self, request: Request, prefix: SharedPrefix) -> None:
         """Count one admission's prefix-cache lookup (for the hit rate)."""
         if self.prefix_cache is not None and prefix.from_cache:

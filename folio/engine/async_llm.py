@@ -10,10 +10,9 @@ the event loop never call into it. The two sides meet in two places only:
   the adds it just applied (Accepted), then after each step every RequestOutput of the step,
   the requests whose processing failed, and the engine's stats (Stepped).
 
-So an HTTP handler waits at most one step for its request to be accepted, and a slow client
-never holds the engine: its outputs pile up in its RequestStream (engine/request_stream.py) and
-are merged into one when it next reads (DELTA outputs concatenate). Metrics are recorded here,
-on the event loop, from the messages.
+So an HTTP handler waits at most one step for its request to be accepted, and a slow client never
+holds the engine: its outputs pile up in its RequestStream (engine/request_stream.py), merged into
+one when it next reads (DELTA outputs concatenate). Metrics are recorded here, from the messages.
 
 Failure: an invalid request (or one whose output processing raised) fails alone; if the loop
 dies (an exception from step(), or the engine process exits), every request in flight fails
@@ -293,16 +292,20 @@ class AsyncLLM:
         used = next((request_id for request_id in request_ids if request_id in self._streams), None)
         if used is not None:
             raise ValueError(f"Request id {used!r} is already in use.")
-        limit, waiting = self.max_waiting_requests, self._stats.num_waiting + self._pending_sequences
-        num_sequences = sum(ns)
-        if limit is not None and num_sequences > limit:
-            raise SamplingParamsError("n" if max(ns) > 1 else "prompt", (
-                f"This request asks for {num_sequences} sequences ({len(ns)} prompt(s) x n={max(ns)}); at most "
-                f"{limit} may wait to be scheduled (max_waiting_requests): send fewer prompts or a smaller n."))
+        self.check_fits_queue(ns)  # never fits: a 400; no room now: a 503 (below)
+        limit, num_sequences = self.max_waiting_requests, sum(ns)
+        waiting = self._stats.num_waiting + self._pending_sequences
         if limit is not None and (waiting >= limit or waiting + num_sequences > limit):
             more = f", and this request asks for {num_sequences} more" if num_sequences else ""
             raise QueueFullError(f"{waiting} sequences are waiting to be scheduled{more} (the limit is "
                                  f"{limit}); retry later.")
+
+    def check_fits_queue(self, ns: list[int]) -> None:
+        """A 400 for a request whose sequences (ns per prompt) outnumber the waiting queue itself."""
+        if (limit := self.max_waiting_requests) is not None and sum(ns) > limit:
+            raise SamplingParamsError("n" if max(ns) > 1 else "prompt", f"This request asks for {sum(ns)} sequences "
+                                      f"({len(ns)} prompt(s) x n={max(ns)}); at most {limit} may wait to be scheduled "
+                                      "(max_waiting_requests): send fewer prompts or a smaller n.")
 
     def _abort(self, request_id: str) -> None:
         """Called by a RequestStream that is abandoned before it finished."""

@@ -230,9 +230,10 @@ class InputProcessor:
             raise ValueError("This engine has no tokenizer: pass {'prompt_token_ids': [...]}.")
         ids = list(self.tokenizer.encode(text))
         # A tokenizer larger than the model's embedding gives ids the model has no row for.
-        if ids and max(ids) >= self.vocab_size:
+        top = max(ids, default=-1)
+        if top >= self.vocab_size:
             raise SamplingParamsError(
-                "prompt", f"The prompt encodes to token id {max(ids)}, outside the model's vocabulary "
+                "prompt", f"The prompt encodes to token id {top}, outside the model's vocabulary "
                 f"[0, {self.vocab_size}): the tokenizer does not match the model."
             )
         return ids

@@ -196,8 +196,12 @@ class LLMEngine:
             if self._tp is None:
                 return self._step()
             return self._tp_step(self._tp.workers)
-        except Exception:  # the step's prefix-cache entries may name K/V it never wrote
-            self.scheduler.kv_cache_manager.forget_cached_prefixes()
+        except Exception:
+            # Blocks registered in the failed step (or the one in flight beside it) may hold no
+            # K/V: nothing cached is trusted; running tables keep their blocks, uncached.
+            cache = self.scheduler.kv_cache_manager.prefix_cache
+            if cache is not None:
+                cache.clear()
             raise
 
     def _tp_step(self, workers) -> list[RequestOutput]:  # noqa: ANN001 (parallel's WorkerGroup)

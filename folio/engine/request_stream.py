@@ -29,6 +29,9 @@ class RequestStream:
         self._items: deque[RequestOutput | BaseException] = deque()
         self._ready = asyncio.Event()
         self._on_abort = on_abort
+        # What the consumer has read, for end_with_abort: the last output, the choices finished.
+        self._last: RequestOutput | None = None
+        self._finished_choices: set[int] = set()
 
     def put(self, item: RequestOutput | BaseException) -> None:
         self._items.append(item)
@@ -82,9 +85,33 @@ class RequestStream:
         while self._items and not isinstance(self._items[0], BaseException):
             items.append(self._items.popleft())
         output = merge_outputs(items, self.cumulative)
+        self._last = output
         if output.finished:
             self.finished = True
+        else:
+            for c in output.outputs:
+                if c.finish_reason is not None:
+                    self._finished_choices.add(c.index)
         return output
+
+    def end_with_abort(self, num_choices: int) -> None:
+        """Drop the engine request and queue a last output closing each of its num_choices
+        choices still open with finish_reason "abort", so the consumer ends the stream as it
+        ends a finished one (a shutdown out of time; the engine sends nothing for an abort).
+        A no-op for a stream that ended or whose end (last output or error) is queued."""
+        if self.finished:
+            return
+        queued = [item for item in self._items if not isinstance(item, BaseException)]
+        if len(queued) < len(self._items) or any(o.finished for o in queued):
+            return
+        done = self._finished_choices.union(
+            c.index for o in queued for c in o.outputs if c.finish_reason is not None)
+        last = queued[-1] if queued else self._last
+        self.abort()  # first: AsyncLLM forgets the request, so nothing comes after this output
+        choices = [CompletionOutput(i, "", [], None, None, finish_reason="abort")
+                   for i in range(num_choices) if i not in done]
+        self.put(RequestOutput(self.request_id, None, list(last.prompt_token_ids) if last else [], None, choices,
+                               finished=True, num_cached_tokens=last.num_cached_tokens if last else 0))
 
 
 def merge_outputs(outputs: list[RequestOutput], cumulative: bool = False) -> RequestOutput:

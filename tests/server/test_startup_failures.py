@@ -8,6 +8,7 @@ on the engine process, which leaves SIGTERM to the server.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -58,8 +59,22 @@ def adapters(checkpoint, tmp_path_factory):
             "r16": make_peft_adapter(checkpoint, root / "r16", seed=2, r=16, lora_alpha=16)}
 
 
+@pytest.fixture
+def heap_left_unfrozen(monkeypatch):
+    """run_server freezes the heap for the rest of the process (startup_heap): undone after an
+    in-process run, so tests that run later see the process as they would alone."""
+    from folio.engine import startup_heap
+
+    monkeypatch.setattr(startup_heap, "_process_frozen", startup_heap._process_frozen)
+    was_frozen = gc.get_freeze_count() > 0
+    yield
+    if not was_frozen:
+        gc.unfreeze()
+
+
 @pytest.mark.parametrize("case", ["missing", "duplicate", "rank", "not-an-adapter"])
-def test_a_bad_lora_module_is_one_line_naming_the_entry(checkpoint, adapters, tmp_path, capsys, case):
+def test_a_bad_lora_module_is_one_line_naming_the_entry(checkpoint, adapters, tmp_path, capsys, case,
+                                                        heap_left_unfrozen):
     entries, expected = {
         "missing": ([f"a={tmp_path}/nope"], f"--lora-modules a={tmp_path}/nope: LoRA adapter folder"),
         "duplicate": ([f"a={adapters['r4']}", f"a={adapters['r16']}"], "--lora-modules names 'a' more than once"),

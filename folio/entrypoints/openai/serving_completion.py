@@ -30,6 +30,7 @@ from folio.entrypoints.openai.streaming import (
 )
 from folio.engine.async_llm import RequestStream
 from folio.outputs import CompletionOutput, RequestOutput
+from folio.sampling_params import SamplingParamsError
 
 # OpenAI's default for /v1/completions.
 DEFAULT_MAX_TOKENS = 16
@@ -59,20 +60,13 @@ class OpenAIServingCompletion(OpenAIServing):
             raise BadRequestError("best_of other than n is not supported.", param="best_of")
 
     def _check_fits_queue(self, request: CompletionRequest) -> None:
-        """The 400 the engine gives a request whose sequences (prompts x n) outnumber the waiting
-        queue itself, given before its prompts are tokenized: 20,000 short prompts took ~1.1 s of
-        the event loop to tokenize, only to be refused. The same check, words and param as
-        AsyncLLM._check_accepting, which still checks the room left when the request is added."""
-        limit = self.engine.max_waiting_requests
-        num_prompts = _num_prompts(request.prompt)
-        num_sequences = num_prompts * request.n  # with use_beam_search, n is the beam width: as many
-        if limit is None or num_sequences <= limit:
-            return
-        raise BadRequestError(
-            f"This request asks for {num_sequences} sequences ({num_prompts} prompt(s) x n={request.n}); at most "
-            f"{limit} may wait to be scheduled (max_waiting_requests): send fewer prompts or a smaller n.",
-            param="n" if request.n > 1 else "prompt",
-        )
+        """The engine's 400 for a request whose sequences (prompts x n) outnumber the waiting queue
+        itself, given before its prompts are tokenized: 20,000 short prompts took ~1.1 s of the
+        event loop to tokenize, only to be refused (with use_beam_search, n is the beam width)."""
+        try:
+            self.engine.check_fits_queue([request.n] * _num_prompts(request.prompt))
+        except SamplingParamsError as e:
+            raise BadRequestError(str(e), param=e.param) from None
 
     async def _prompts(self, request: CompletionRequest) -> list[EnginePrompt]:
         prompt = request.prompt

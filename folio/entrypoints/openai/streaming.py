@@ -5,9 +5,9 @@ cancelled because the client went away (Starlette cancels the body on http.disco
 never started at all. event_stream builds it once a refusal can no longer come (see there).
 
 When a graceful shutdown runs out of time, LiveStreams.end_all() ends every stream still going
-as a finished one ends: the engine drops the request, and the stream gets a last output with
-finish_reason "abort" for each choice still open (the engine itself sends nothing for an
-aborted request), so the response writes its final chunk and [DONE] instead of being cut.
+as a finished one ends (RequestStream.end_with_abort: a last output with finish_reason "abort"
+for each choice still open), so the response writes its final chunk and [DONE] instead of being
+cut.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from folio.engine.async_llm import EngineDeadError, RequestStream
 from folio.entrypoints.openai.errors import from_engine_error
-from folio.outputs import CompletionOutput, RequestOutput
+from folio.outputs import RequestOutput
 
 DONE = "data: [DONE]\n\n"
 
@@ -62,7 +62,7 @@ class EventStreamResponse(StreamingResponse):
         )
         self._events = events
         self._streams = streams
-        self._seen = [_Seen(stream, n) for stream, n in zip(streams, ns or [1] * len(streams))]
+        self._ns = list(ns or [1] * len(streams))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         live = getattr(getattr(scope.get("app"), "state", None), "live_streams", None)
@@ -79,11 +79,8 @@ class EventStreamResponse(StreamingResponse):
     def end_with_abort(self) -> None:
         """Abort the engine requests still running, each ending its stream with finish_reason
         "abort" (shutdown: the response then ends as a finished one does)."""
-        for stream, seen in zip(self._streams, self._seen):
-            if stream.finished or seen.done:
-                continue
-            stream.abort()  # first: AsyncLLM forgets the request, so nothing comes after the last output
-            stream.put(seen.aborted_output(stream.request_id))
+        for stream, n in zip(self._streams, self._ns):
+            stream.end_with_abort(n)
 
 
 class LiveStreams(set):
@@ -93,40 +90,6 @@ class LiveStreams(set):
         for response in list(self):
             response.end_with_abort()
         return len(self)
-
-
-class _Seen:
-    """What a stream's outputs said so far (which choices finished, the prompt's token count),
-    for the last output end_with_abort puts. A RequestStream keeps no history (its consumer
-    takes the outputs), so this watches what is put into it from the response's start, after
-    reading what had queued before (its private deque: the engine side offers no other view)."""
-
-    def __init__(self, stream: RequestStream, n: int) -> None:
-        self.n, self.done, self.last, self.finished = n, False, None, set()
-        for item in list(getattr(stream, "_items", ())):
-            self.note(item)
-        put = stream.put
-
-        def tracked_put(item: RequestOutput | BaseException) -> None:
-            self.note(item)
-            put(item)
-
-        stream.put = tracked_put
-
-    def note(self, item: RequestOutput | BaseException) -> None:
-        if isinstance(item, BaseException):  # an error ends the stream
-            self.done = True
-            return
-        self.last = item
-        self.done = self.done or item.finished
-        self.finished.update(c.index for c in item.outputs if c.finish_reason is not None)
-
-    def aborted_output(self, request_id: str) -> RequestOutput:
-        last = self.last
-        choices = [CompletionOutput(i, "", [], None, None, finish_reason="abort")
-                   for i in range(self.n) if i not in self.finished]
-        return RequestOutput(request_id, None, list(last.prompt_token_ids) if last else [], None, choices,
-                             finished=True, num_cached_tokens=last.num_cached_tokens if last else 0)
 
 
 async def event_stream(events: AsyncIterator[str], streams: list[RequestStream],
