@@ -18,6 +18,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -168,6 +169,7 @@ def render_chat(
     variables = {"bos_token": bos_token, "eos_token": eos_token, **kwargs}
     variables = {k: _plain(v) for k, v in variables.items() if v is not None}
     compiled = _compile(template)
+    _warn_if_unread(template, tools=tools, documents=documents)
     try:
         text = compiled.render(
             messages=conversation,
@@ -312,8 +314,30 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _warn_if_unread(template: str, **given: Any) -> None:
+    """Warn (once per template and variable) when tools or documents were given but the template
+    never reads them: the model then never sees them, which the caller should know."""
+    for name, value in given.items():
+        if value and name not in _variables_read(template):
+            _warn_unread(template, name)
+
+
+@functools.lru_cache(maxsize=64)  # bounded: a template per request must not grow a set forever
+def _warn_unread(template: str, name: str) -> None:
+    logger.warning(
+        "%s were passed to a chat template that never reads '%s': the model does not see them "
+        "in its prompt (pass a template that renders them with --chat-template).",
+        name.capitalize(), name,
+    )
+
+
 @functools.lru_cache(maxsize=32)
-def _compile(template: str) -> jinja2.Template:
+def _variables_read(template: str) -> frozenset[str]:
+    """The names a template reads from its context (called after _compile, so it parses)."""
+    return frozenset(jinja2.meta.find_undeclared_variables(_environment().parse(template)))
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
@@ -321,8 +345,13 @@ def _compile(template: str) -> jinja2.Template:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = _Namespace
+    return env
+
+
+@functools.lru_cache(maxsize=32)
+def _compile(template: str) -> jinja2.Template:
     try:
-        return env.from_string(template)
+        return _environment().from_string(template)
     except jinja2.TemplateSyntaxError as e:
         raise ChatTemplateError(
             f"The chat template is not valid Jinja (line {e.lineno}): {e.message}"

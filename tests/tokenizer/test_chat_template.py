@@ -195,3 +195,21 @@ def test_saved_test_tokenizer_folder_resolves_to_chatml(tmp_path):
     save_test_tokenizer(str(tmp_path))
     assert (tmp_path / "chat_template.jinja").is_file()
     assert resolve_chat_template(str(tmp_path), _Tok(), None) == CHATML_TEMPLATE
+
+
+def test_tools_a_template_never_reads_are_warned_about_once() -> None:
+    """The model cannot call tools its prompt never showed it: say so, once per template."""
+    from tests.helpers.logs import log_records
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    plain = CHATML_TEMPLATE + "{# tools unread #}"  # a template of its own: warnings are once each
+    with log_records() as records:
+        render_chat(plain, CONVERSATION, tools=tools)
+        render_chat(plain, CONVERSATION, tools=tools)
+        render_chat(plain, CONVERSATION, documents=[{"text": "d"}])
+        render_chat(RICH_TEMPLATE, CONVERSATION, tools=tools, bos_token="<s>")  # reads tools: silent
+        render_chat(plain + " ", CONVERSATION, tools=[])  # none given: silent
+    warned = [r.getMessage() for r in records if r.levelname == "WARNING"]
+    assert len(warned) == 2, warned
+    assert warned[0].startswith("Tools were passed") and "'tools'" in warned[0]
+    assert warned[1].startswith("Documents were passed") and "'documents'" in warned[1]
