@@ -10,7 +10,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from folio.lora.request import LoRARequest
-from folio.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
+from folio.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    Logprob,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
 from folio.pooling_params import PoolingParams
 from folio.sampling_params import (
     BeamSearchParams,
@@ -51,10 +61,14 @@ __all__ = [
     "LLMEngine",
     "Logprob",
     "LoRARequest",
+    "PoolingOutput",
     "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "ScoringOutput",
+    "ScoringRequestOutput",
     "StructuredOutputsParams",
     "__version__",
 ]

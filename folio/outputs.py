@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -76,3 +80,40 @@ class EmbeddingRequestOutput:
     prompt_token_ids: list[int]
     finished: bool = True
     prompt: str | None = None
+
+
+@dataclass
+class PoolingOutput:
+    """One prompt's pooled hidden states (vLLM's name): `data` is a float32 tensor [hidden]."""
+
+    data: torch.Tensor
+
+
+@dataclass
+class PoolingRequestOutput:
+    """What `LLM.encode` returns per prompt, as vLLM's: `output.outputs.data`."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    prompt: str | None = None
+
+
+@dataclass
+class ScoringOutput:
+    """One pair's score (vLLM's name)."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """What `LLM.score` returns per pair, as vLLM's: `output.outputs.score`. prompt_token_ids
+    are the first prompt's, the tokenizer's pad token (if it has one), then the second's, as vLLM
+    joins them for an embedding score."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

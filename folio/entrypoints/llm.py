@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from folio.engine.arg_utils import EngineArgs
@@ -14,10 +15,26 @@ from folio.engine.beam_search import BeamSearchOutput, BeamSearchParams, to_beam
 from folio.engine.input_processor import PromptType
 from folio.engine.llm_engine import LLMEngine
 from folio.engine.startup_heap import frozen_heap_while_running
+from folio.entrypoints.llm_pooling import (
+    PooledPrompt,
+    check_no_adapter,
+    check_pooling_task,
+    check_score_texts,
+    cosine,
+    score_pairs,
+)
 from folio.lora.request import LoRARequest
-from folio.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
-from folio.param_checks import check_bool
-from folio.pooling_params import PoolingParams
+from folio.outputs import (
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from folio.param_checks import SamplingParamsError, check_bool
+from folio.pooling_params import PoolerConfig, PoolingParams
 from folio.sampling_params import RequestOutputKind, SamplingParams
 from folio.transformers_utils.chat_template import check_template_kwargs, render_chat, resolve_chat_template
 
@@ -106,7 +123,8 @@ class LLM:
             raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}.")
         prompt_list = _as_prompt_list(prompts)
         loras = _lora_per_prompt(lora_request, len(prompt_list))
-        request_ids = self._add_requests(prompt_list, [params] * len(prompt_list), None, loras)
+        checked = [self._check_beam_prompt(p, params) for p in prompt_list]  # all, before any adapter loads
+        request_ids = self._add_requests(checked, [params] * len(prompt_list), None, loras)
         return [to_beam_search_output(o) for o in self._run_engine(request_ids, use_tqdm)]
 
     def chat(
@@ -154,25 +172,90 @@ class LLM:
         """One embedding per prompt (vLLM's LLM.embed): the model's final hidden states pooled
         as pooler_config says (last token by default, or mean), L2-normalized unless asked not."""
         prompt_list = _as_prompt_list(prompts)
-        params = _pooling_per_prompt(pooling_params, len(prompt_list))
-        truncation = SamplingParams(truncate_prompt_tokens=truncate_prompt_tokens)  # its checks, its rule
-        engine = self.llm_engine
-        model = engine.config.model
-        processed = [engine.input_processor.process_prompt(p) for p in prompt_list]
-        token_ids = [truncation.truncated_prompt(p.token_ids, model.max_model_len) for p in processed]
-        configs = [p.resolve(model.pooler_config) for p in params]
-        vectors: list[list[float] | None] = [None] * len(prompt_list)
-        for config in dict.fromkeys(configs):  # one engine call per pooling configuration
-            rows = [i for i, c in enumerate(configs) if c == config]
-            for i, vector in zip(rows, engine.embed([token_ids[i] for i in rows], config)):
-                vectors[i] = vector
+        configs = self._pooler_configs(pooling_params, len(prompt_list))
+        return [EmbeddingRequestOutput(self._next_id(), EmbeddingOutput(p.vector), p.token_ids, True, p.text)
+                for p in self._pool(prompt_list, configs, truncate_prompt_tokens)]
+
+    def encode(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        pooling_task: str | None = None,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """vLLM's LLM.encode for pooling_task "embed" (the only one folio's pooler makes; None is
+        "embed"): per prompt, `outputs.data` is embed()'s vector as a float32 tensor [hidden]. An
+        adapter is refused: pooling runs the base model."""
+        check_pooling_task(pooling_task)
+        check_no_adapter(lora_request, "encode")
+        prompt_list = _as_prompt_list(prompts)
+        configs = self._pooler_configs(pooling_params, len(prompt_list))
+        return [PoolingRequestOutput(self._next_id(), PoolingOutput(torch.tensor(p.vector, dtype=torch.float32)),
+                                     p.token_ids, True, p.text)
+                for p in self._pool(prompt_list, configs, truncate_prompt_tokens)]
+
+    def score(
+        self,
+        data_1: PromptType | Sequence[PromptType],
+        data_2: PromptType | Sequence[PromptType],
+        /,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's LLM.score for an embedding model: the cosine similarity of each pair's
+        embeddings, one output per pair in order. Pairs are 1 to 1, 1 to N (data_1 one prompt)
+        or N to N; each distinct prompt is embedded once. The same numbers as /v1/score gives for
+        the same texts (engine-default pooling, normalized); pooling_params may pick the pooling
+        type. Token prompts are pooled as given (vLLM decodes and re-tokenizes them)."""
+        firsts, seconds = _as_prompt_list(data_1), _as_prompt_list(data_2)
+        pairs = score_pairs(len(firsts), len(seconds))
+        if pooling_params is not None and not isinstance(pooling_params, PoolingParams):
+            raise ValueError(f"pooling_params must be PoolingParams or None, got {type(pooling_params).__name__}.")
+        check_no_adapter(lora_request, "score")
+        check_score_texts(firsts, "data_1")
+        check_score_texts(seconds, "data_2")
+        default = self.llm_engine.config.model.pooler_config
+        config = PoolerConfig((pooling_params or PoolingParams()).resolve(default).pooling_type, normalize=True)
+        prompts = firsts + seconds
+        pooled = self._pool(prompts, [config] * len(prompts), truncate_prompt_tokens)
+        pad = getattr(self.get_tokenizer(), "pad_token_id", None)
         outputs = []
-        for prompt, ids, vector in zip(processed, token_ids, vectors):
-            request_id = str(next(self._request_counter))
-            outputs.append(EmbeddingRequestOutput(request_id, EmbeddingOutput(vector), ids, True, prompt.text))
+        for i, j in pairs:
+            a, b = pooled[i], pooled[len(firsts) + j]
+            ids = a.token_ids + ([pad] if pad is not None else []) + b.token_ids  # vLLM's join
+            outputs.append(ScoringRequestOutput(self._next_id(), ScoringOutput(cosine(a.vector, b.vector)), ids))
         return outputs
 
     # ---- internals --------------------------------------------------------------------------
+    def _next_id(self) -> str:
+        return str(next(self._request_counter))
+
+    def _pooler_configs(self, pooling_params: Any, num_prompts: int) -> list[PoolerConfig]:
+        default = self.llm_engine.config.model.pooler_config
+        return [p.resolve(default) for p in _pooling_per_prompt(pooling_params, num_prompts)]
+
+    def _pool(self, prompts: list[PromptType], configs: list[PoolerConfig],
+              truncate_prompt_tokens: int | None) -> list[PooledPrompt]:
+        """Each prompt tokenized, truncated and pooled as its config says: one engine call per
+        configuration, each distinct token prompt embedded once (LLMEngine.embed checks them)."""
+        truncation = SamplingParams(truncate_prompt_tokens=truncate_prompt_tokens)  # its checks, its rule
+        engine = self.llm_engine
+        max_len = engine.config.model.max_model_len
+        processed = [engine.input_processor.process_prompt(p) for p in prompts]
+        token_ids = [truncation.truncated_prompt(p.token_ids, max_len) for p in processed]
+        keys = [(config, tuple(ids)) for config, ids in zip(configs, token_ids)]
+        vectors: dict[tuple[PoolerConfig, tuple[int, ...]], list[float]] = {}
+        for config in dict.fromkeys(configs):
+            distinct = [ids for c, ids in dict.fromkeys(keys) if c == config]
+            for ids, vector in zip(distinct, engine.embed([list(ids) for ids in distinct], config)):
+                vectors[(config, ids)] = vector
+        # a copy each: outputs of the same prompt must not share one list
+        return [PooledPrompt(p.text, ids, list(vectors[key])) for p, ids, key in zip(processed, token_ids, keys)]
+
     def _params_per_prompt(
         self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
     ) -> list[SamplingParams]:
@@ -197,6 +280,21 @@ class LLM:
             p.output_kind = RequestOutputKind.FINAL_ONLY  # offline callers only want the end
             out.append(p)
         return out
+
+    def _check_beam_prompt(self, prompt: PromptType, params: BeamSearchParams) -> dict[str, Any]:
+        """The prompt tokenized and checked as the engine checks a beam search, plus the room it
+        needs (a search makes at least one token within max_model_len, engine/beam_search.py):
+        refused here, not after add_request has loaded its adapter. Returned as token ids, so
+        the engine does not tokenize it again."""
+        processor = self.llm_engine.input_processor
+        processed = processor.process_prompt(prompt)
+        num_tokens = len(processed.token_ids)
+        processor.check_beam_search(params, num_tokens)
+        max_len = self.llm_engine.config.model.max_model_len
+        if num_tokens >= max_len:
+            raise SamplingParamsError("prompt", f"The prompt is {num_tokens} tokens long: no room to generate "
+                                                f"within max_model_len={max_len}.")
+        return {"prompt": processed.text, "prompt_token_ids": processed.token_ids, "cache_salt": processed.cache_salt}
 
     def _add_requests(
         self,

@@ -7,13 +7,13 @@ against the query (top_n, 0 = all).
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
+from folio.entrypoints.llm_pooling import cosine
 from folio.entrypoints.openai.disconnect import cancel_on_disconnect
 from folio.entrypoints.openai.errors import BadRequestError, from_engine_error
 from folio.entrypoints.openai.protocol import ErrorResponse, OpenAIBaseModel, UsageInfo
@@ -91,7 +91,7 @@ class OpenAIServingScore(OpenAIServingEmbedding):
         except Exception as e:
             raise from_engine_error(e) from None
         by_text = dict(zip(texts, vectors))
-        scores = [_cosine(by_text[a], by_text[b]) for a, b in zip(firsts, seconds)]
+        scores = [cosine(by_text[a], by_text[b]) for a, b in zip(firsts, seconds)]
         return scores, sum(len(p.token_ids) for p in prompts)
 
     def _check_before_tokenizing(self, named: dict[str, str], request: Any) -> None:
@@ -127,12 +127,6 @@ def _named_texts(request: Any) -> dict[str, str]:
             for i, text in enumerate(value):
                 named.setdefault(text, f"{name}[{i}]")
     return named
-
-
-def _cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b))
-    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
-    return dot / norm if norm else 0.0
 
 
 def _pairs(text_1: Text, text_2: Text) -> tuple[list[str], list[str]]:
