@@ -195,8 +195,13 @@ class InputProcessor:
         return children
 
     def check_beam_search(self, params: Any, num_prompt_tokens: int) -> None:
-        """Beams ask for max(2, 1 + #eos) * beam_width log-probs per token: within max_logprobs."""
+        """Beams ask for max(2, 1 + #eos) * beam_width log-probs per token: within max_logprobs;
+        and a search makes at least one token, so the prompt must leave room for it."""
         self.check_length(num_prompt_tokens)
+        max_len = self.model_config.max_model_len
+        if num_prompt_tokens >= max_len:
+            raise SamplingParamsError("prompt", f"The prompt is {num_prompt_tokens} tokens long: no room to "
+                                                f"generate within max_model_len={max_len}.")
         num_eos = 0 if params.ignore_eos else len(self.eos_token_ids)
         wanted = max(2, 1 + num_eos) * params.beam_width
         if wanted > self.max_logprobs:

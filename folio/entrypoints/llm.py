@@ -33,7 +33,7 @@ from folio.outputs import (
     ScoringOutput,
     ScoringRequestOutput,
 )
-from folio.param_checks import SamplingParamsError, check_bool
+from folio.param_checks import check_bool
 from folio.pooling_params import PoolerConfig, PoolingParams
 from folio.sampling_params import RequestOutputKind, SamplingParams
 from folio.transformers_utils.chat_template import check_template_kwargs, render_chat, resolve_chat_template
@@ -282,18 +282,12 @@ class LLM:
         return out
 
     def _check_beam_prompt(self, prompt: PromptType, params: BeamSearchParams) -> dict[str, Any]:
-        """The prompt tokenized and checked as the engine checks a beam search, plus the room it
-        needs (a search makes at least one token within max_model_len, engine/beam_search.py):
-        refused here, not after add_request has loaded its adapter. Returned as token ids, so
-        the engine does not tokenize it again."""
+        """The prompt tokenized and checked as the engine checks a beam search (its room to make
+        a token included), here for every prompt before add_request loads any adapter. Returned
+        as token ids, so the engine does not tokenize it again."""
         processor = self.llm_engine.input_processor
         processed = processor.process_prompt(prompt)
-        num_tokens = len(processed.token_ids)
-        processor.check_beam_search(params, num_tokens)
-        max_len = self.llm_engine.config.model.max_model_len
-        if num_tokens >= max_len:
-            raise SamplingParamsError("prompt", f"The prompt is {num_tokens} tokens long: no room to generate "
-                                                f"within max_model_len={max_len}.")
+        processor.check_beam_search(params, len(processed.token_ids))
         return {"prompt": processed.text, "prompt_token_ids": processed.token_ids, "cache_salt": processed.cache_salt}
 
     def _add_requests(

@@ -76,3 +76,17 @@ def test_text_prompts_search_as_before(path):
     (one,) = llm.beam_search(prompt, BeamSearchParams(beam_width=1, max_tokens=4, ignore_eos=True))
     (want,) = llm.generate(prompt, greedy(4), use_tqdm=False)
     assert list(one.sequences[0].tokens[len(ids):]) == list(want.outputs[0].token_ids)
+
+
+def test_the_engine_refuses_it_before_loading_the_adapter(path, adapters):
+    """The server's use_beam_search path calls LLMEngine.add_request directly."""
+    one, two = adapters
+    llm = make_llm(path, **LORA_KWARGS)
+    engine = llm.llm_engine
+    engine.add_request("ok", _tokens(4), PARAMS, lora_request=one)
+    while engine.has_unfinished_requests():
+        engine.step()
+    with pytest.raises(SamplingParamsError, match="no room to generate") as err:
+        engine.add_request("full", _tokens(MAX_LEN), PARAMS, lora_request=two)
+    assert err.value.param == "prompt"
+    assert engine.list_loras() == {1} and not engine.has_unfinished_requests()
