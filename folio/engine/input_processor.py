@@ -73,7 +73,9 @@ class InputProcessor:
             self.check_beam_search(params, len(processed.token_ids))
             return processed
         self.check_params(params)
-        return self.truncate_prompt(self.process_prompt(prompt), params)
+        processed = self.truncate_prompt(self.process_prompt(prompt), params)
+        self.check_length(len(processed.token_ids))
+        return processed
 
     def process_prompt(self, prompt: PromptType) -> ProcessedPrompt:
         if isinstance(prompt, str):

@@ -123,8 +123,7 @@ class LLM:
             raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}.")
         prompt_list = _as_prompt_list(prompts)
         loras = _lora_per_prompt(lora_request, len(prompt_list))
-        checked = [self._check_beam_prompt(p, params) for p in prompt_list]  # all, before any adapter loads
-        request_ids = self._add_requests(checked, [params] * len(prompt_list), None, loras)
+        request_ids = self._add_requests(prompt_list, [params] * len(prompt_list), None, loras)
         return [to_beam_search_output(o) for o in self._run_engine(request_ids, use_tqdm)]
 
     def chat(
@@ -281,13 +280,13 @@ class LLM:
             out.append(p)
         return out
 
-    def _check_beam_prompt(self, prompt: PromptType, params: BeamSearchParams) -> dict[str, Any]:
-        """The prompt tokenized and checked as the engine checks a beam search (its room to make
-        a token included), here for every prompt before add_request loads any adapter. Returned
-        as token ids, so the engine does not tokenize it again."""
-        processor = self.llm_engine.input_processor
-        processed = processor.process_prompt(prompt)
-        processor.check_beam_search(params, len(processed.token_ids))
+    def _checked_prompt(self, prompt: PromptType, params: SamplingParams | BeamSearchParams) -> dict[str, Any]:
+        """The prompt checked with its params as add_request checks them before loading an
+        adapter, returned as token ids (not tokenized again)."""
+        engine = self.llm_engine
+        processed = engine.input_processor.process_request(prompt, params)
+        if isinstance(params, SamplingParams):
+            engine.structured_output.check(params)
         return {"prompt": processed.text, "prompt_token_ids": processed.token_ids, "cache_salt": processed.cache_salt}
 
     def _add_requests(
@@ -297,7 +296,11 @@ class LLM:
         priority: list[int] | None,
         loras: list[LoRARequest | None] | None = None,
     ) -> list[str]:
-        """Add all or none: if any prompt is invalid, the ones already added are withdrawn."""
+        """Add all or none: if any prompt is invalid, the ones already added are withdrawn. With
+        adapters every prompt is checked first, so a bad one loads no adapter (a load may push
+        another out of the CPU cache)."""
+        if loras is not None and any(lora is not None for lora in loras):
+            prompts = [self._checked_prompt(prompt, p) for prompt, p in zip(prompts, params)]
         added: list[str] = []
         try:
             for i, (prompt, p) in enumerate(zip(prompts, params)):

@@ -1,6 +1,7 @@
-"""LLM.beam_search refuses a prompt that leaves no room to generate (exactly max_model_len tokens)
-before its adapter loads: found by a review, the refusal came from engine/beam_search.py after
-add_request had loaded the adapter, which could push an adapter in use out of the CPU cache."""
+"""Requests are refused before their adapter loads. Found by a review: LLM.beam_search refused a
+prompt that leaves no room to generate (exactly max_model_len tokens) in engine/beam_search.py,
+after add_request had loaded the adapter, which could push an adapter in use out of the CPU
+cache; generate() loaded prompt 0's adapter before refusing a bad prompt 1."""
 
 from __future__ import annotations
 
@@ -90,3 +91,24 @@ def test_the_engine_refuses_it_before_loading_the_adapter(path, adapters):
         engine.add_request("full", _tokens(MAX_LEN), PARAMS, lora_request=two)
     assert err.value.param == "prompt"
     assert engine.list_loras() == {1} and not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("bad", ["too long", "bad grammar", "bad params"])
+def test_generate_checks_every_prompt_before_any_adapter_loads(path, adapters, bad):
+    from folio import SamplingParams
+    from folio.sampling_params import StructuredOutputsParams
+
+    one, two = adapters
+    llm = make_llm(path, **LORA_KWARGS)
+    llm.generate(_tokens(4), greedy(2), lora_request=one, use_tqdm=False)
+    engine = llm.llm_engine
+    good = greedy(2)
+    second = {"too long": (_tokens(MAX_LEN + 1), good),
+              "bad grammar": (_tokens(4), SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(
+                  json={"type": "object", "properties": {"a": {"$ref": "http://example.com/x"}}}))),
+              "bad params": (_tokens(4), SamplingParams(max_tokens=2, stop_token_ids=[10**6]))}[bad]
+    with pytest.raises(ValueError):
+        llm.generate([_tokens(4), second[0]], [good, second[1]], lora_request=two, use_tqdm=False)
+    assert engine.list_loras() == {1} and not engine.has_unfinished_requests()
+    (out,) = llm.generate(_tokens(4), greedy(2), lora_request=two, use_tqdm=False)  # a good batch still runs
+    assert len(out.outputs[0].token_ids) == 2 and engine.list_loras() == {2}
