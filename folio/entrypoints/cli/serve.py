@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 import signal
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import socket
+
+    from folio.entrypoints.openai.cli_args import ServerConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,9 +35,14 @@ def run(args: argparse.Namespace) -> int:
     # Until the server takes over the signals, SIGTERM must still stop the engine's process
     # (the default action would kill this one alone and orphan the child).
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    core = None
+    core = config = sock = None
     try:
-        core = start_engine_process(args)  # before the server's imports: the two load side by side
+        if _engine_process_wanted(args):
+            # The server's own flags and its port first: the engine's model may take minutes to
+            # load, and a mistyped flag is to fail at once (on a thread, run_server checks them
+            # before it builds the engine).
+            config, sock = _check_server_args(args)
+            core = start_engine_process(args)  # before the server's imports: the two load side by side
         from folio.entrypoints.openai.api_server import run_server
 
         if core is not None:
@@ -39,10 +50,14 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         if core is not None:
             core.close()
+        if sock is not None:
+            sock.close()
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return run_server(args, core=core)
+    if core is None:
+        return run_server(args)
+    return run_server(args, core=core, config=config, sock=sock)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -57,14 +72,25 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
-def start_engine_process(args: argparse.Namespace):
-    """The engine's process, started now, when the engine is to run in one (else None)."""
-    from folio.engine.arg_utils import EngineArgs
-    from folio.engine.engine_core import EngineProcess
+def _engine_process_wanted(args: argparse.Namespace) -> bool:
     from folio.entrypoints.openai.cli_args import engine_process_wanted
 
-    if not engine_process_wanted(args.engine_process, args.device, args.tensor_parallel_size):
-        return None
+    return engine_process_wanted(args.engine_process, args.device, args.tensor_parallel_size)
+
+
+def _check_server_args(args: argparse.Namespace) -> tuple[ServerConfig, socket.socket]:
+    """The server's flags checked (a ServerConfig) and its socket bound, with no engine yet."""
+    from folio.entrypoints.openai.cli_args import bind_socket, check_server_args
+
+    config = check_server_args(args)
+    return config, bind_socket(config.host, config.port)
+
+
+def start_engine_process(args: argparse.Namespace):
+    """The engine's process, started now (it loads the model while the server's modules import)."""
+    from folio.engine.arg_utils import EngineArgs
+    from folio.engine.engine_core import EngineProcess
+
     return EngineProcess.from_engine_args(EngineArgs.from_cli_args(args))
 
 

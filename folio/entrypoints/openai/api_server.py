@@ -6,8 +6,10 @@ accepting, in-flight requests get --shutdown-timeout seconds to finish, what is 
 aborted (a stream ends with finish_reason "abort" and [DONE], a whole response is a 503), the
 engine stops, and the process exits 0.
 
-Whatever fails once the engine exists (the app, TLS, an adapter of --lora-modules) stops the
-engine too (an engine process would otherwise keep the server's exit waiting forever); a bad
+The server's flags are checked before the engine is built (check_server_args; folio serve checks
+them before it starts the engine's process), so a mistyped flag fails at once, not after the
+model loaded. Whatever fails once the engine exists (the app, an adapter of --lora-modules) stops
+the engine too (an engine process would otherwise keep the server's exit waiting forever); a bad
 flag is one error line, no traceback.
 """
 
@@ -33,9 +35,17 @@ from folio.engine.engine_core import EngineProcess
 from folio.engine.engine_loop import StopCommand
 from folio.entrypoints.openai.auth import APIKeyMiddleware
 from folio.entrypoints.openai.dashboard import install_dashboard
-from folio.entrypoints.openai.cli_args import ServerConfig, check_lora_flags, engine_process_wanted, make_arg_parser
+from folio.entrypoints.openai.cli_args import (
+    ServerConfig,
+    bind_socket,
+    check_lora_flags,
+    check_server_args,
+    engine_process_wanted,
+    make_arg_parser,
+)
 from folio.entrypoints.openai.compat_routes import add_cors, include_compat_routes, log_requests
 from folio.entrypoints.openai.errors import install_error_handlers
+from folio.entrypoints.openai.frontend_args import tls_error
 from folio.entrypoints.openai.protocol.unsupported import IgnoredFieldsLog
 from folio.entrypoints.openai.router import ServingState, refuse_lone_surrogates, router
 from folio.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -138,32 +148,22 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 # ---- running it ---------------------------------------------------------------------------
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind before loading the model, so a taken port fails at once; port 0 picks a free one."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise ValueError(f"Cannot listen on {host}:{port}: {e.strerror}.") from None
-    sock.set_inheritable(True)
-    return sock
-
-
-def run_server(args: argparse.Namespace, core: EngineProcess | None = None) -> int:
+def run_server(args: argparse.Namespace, core: EngineProcess | None = None, *,
+               config: ServerConfig | None = None, sock: socket.socket | None = None) -> int:
     """Serve until SIGTERM/SIGINT. `core`: an engine process already started (folio serve starts
     it before importing this module); without one, --engine-process decides (unset: a process on
-    a GPU, a thread on the CPU). Every failure stops the engine; a bad flag is a ValueError."""
+    a GPU, a thread on the CPU). `config` and `sock`: the flags already checked
+    (check_server_args) and the socket already bound, by a caller that did so before it started
+    `core`. Every failure stops the engine; a bad flag is a ValueError."""
     engine: AsyncLLM | None = None
     given = core is not None  # and ready: folio serve waited for it
     try:
-        config = ServerConfig.from_cli_args(args)
-        engine_args = EngineArgs.from_cli_args(args)
-        check_lora_flags(config, engine_args.enable_lora)
-        sock = bind_socket(config.host, config.port)
+        if config is None:
+            config = check_server_args(args)
+        if sock is None:
+            sock = bind_socket(config.host, config.port)
         with _closed_on_error(sock):
+            engine_args = EngineArgs.from_cli_args(args)
             if core is None and engine_process_wanted(config.engine_process, engine_args.device,
                                                       engine_args.tensor_parallel_size):
                 core = EngineProcess.from_engine_args(engine_args)
@@ -232,10 +232,10 @@ class FolioServer(uvicorn.Server):
         self.folio_app, self.folio_config, self.engine = app, config, engine
         self._engine_stopped: asyncio.Future | None = None
         self._drain_task: asyncio.Task | None = None  # held: the loop keeps only weak references
-        try:  # TLS files are read here, not once the engine started serving: a bad one is a flag error
+        try:  # TLS files are read here too (check_server_args read them first), before serving
             self.config.load()
         except (ssl.SSLError, OSError) as e:
-            raise ValueError(f"--ssl-keyfile/--ssl-certfile: cannot load the TLS key and certificate: {e}") from None
+            raise tls_error(e) from None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self.engine.start()

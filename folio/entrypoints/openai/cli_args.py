@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import socket
 from dataclasses import dataclass, field
 
 from folio.engine.arg_utils import EngineArgs
@@ -110,6 +111,34 @@ class ServerConfig:
             tool_call_parser=args.tool_call_parser,
             reasoning_parser=args.reasoning_parser,
         )
+
+
+def check_server_args(args: argparse.Namespace) -> ServerConfig:
+    """The server's flags, checked as far as they go without an engine: before one is built
+    (its model may take minutes to load), so a mistyped flag is one error line at once. The
+    adapters of --lora-modules are loaded, and so checked, once the engine runs."""
+    from folio.transformers_utils.chat_template import load_chat_template
+
+    config = ServerConfig.from_cli_args(args)
+    check_lora_flags(config, getattr(args, "enable_lora", False))
+    if config.chat_template is not None:
+        load_chat_template(config.chat_template)  # a file, or Jinja text; the app reads it again
+    config.frontend.check_tls()
+    return config
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before loading the model, so a taken port fails at once; port 0 picks a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"Cannot listen on {host}:{port}: {e.strerror}.") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def check_lora_flags(config: ServerConfig, lora_enabled: bool) -> None:

@@ -79,6 +79,22 @@ class FrontendConfig:
             logger.warning("--ssl-ca-certs: client certificates are not requested, so none is checked "
                            "(folio has no --ssl-cert-reqs yet); the CA file is loaded and otherwise unused.")
 
+    def check_tls(self) -> None:
+        """Load the TLS key and certificate as uvicorn will (a file that is not PEM, a key that
+        does not match its certificate): a flag error before the engine starts, not after."""
+        if self.ssl_certfile is None:
+            return
+        import ssl
+
+        from uvicorn.config import SSL_PROTOCOL_VERSION, create_ssl_context
+
+        try:
+            create_ssl_context(certfile=self.ssl_certfile, keyfile=self.ssl_keyfile, password=None,
+                               ssl_version=SSL_PROTOCOL_VERSION, cert_reqs=ssl.CERT_NONE,
+                               ca_certs=self.ssl_ca_certs, ciphers=None)
+        except (ssl.SSLError, OSError) as e:
+            raise tls_error(e) from None
+
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> FrontendConfig:
         d = cls()
@@ -99,6 +115,11 @@ class FrontendConfig:
             max_embedding_inputs=getattr(args, "max_embedding_inputs", d.max_embedding_inputs),
             max_embedding_tokens=getattr(args, "max_embedding_tokens", d.max_embedding_tokens),
         )
+
+
+def tls_error(error: Exception) -> ValueError:
+    """What a TLS key and certificate that cannot be loaded is (the same wherever it shows)."""
+    return ValueError(f"--ssl-keyfile/--ssl-certfile: cannot load the TLS key and certificate: {error}")
 
 
 def add_frontend_args(group: argparse._ArgumentGroup) -> None:

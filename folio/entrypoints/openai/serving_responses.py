@@ -6,7 +6,10 @@ Streaming sends the Responses API's typed events, each `event: <type>` + `data: 
 sequence_number: response.created, response.in_progress, response.output_item.added,
 response.content_part.added, response.output_text.delta (one per engine output),
 response.output_text.done, response.content_part.done, response.output_item.done, and
-response.completed (or response.incomplete when max_output_tokens cut it short).
+response.completed, or response.incomplete when the answer was cut short: by max_output_tokens
+(incomplete_details.reason "max_output_tokens") or by a shutdown past --shutdown-timeout, which
+aborts the generation (finish_reason "abort": incomplete, with no incomplete_details, since
+OpenAI's reasons name no such cause). A whole response takes the same status.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from folio.outputs import RequestOutput
 from folio.sampling_params import RequestOutputKind, SamplingParams, SamplingParamsError
 
 router = APIRouter()
+
+# The engine's finish reasons that leave a response "incomplete", each with its
+# incomplete_details.reason (None: none of OpenAI's reasons says it).
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "abort": None}
 
 
 class OpenAIServingResponses(OpenAIServing):
@@ -153,9 +160,10 @@ def _finish(shell: ResponsesResponse, output: RequestOutput | None, text: str | 
     completion = output.outputs[0] if output is not None and output.outputs else None
     if text is None:
         text = completion.text if completion is not None else ""
-    cut = completion is not None and completion.finish_reason == "length"
+    finish_reason = completion.finish_reason if completion is not None else None
+    status = "incomplete" if finish_reason in INCOMPLETE_REASONS else "completed"
+    reason = INCOMPLETE_REASONS.get(finish_reason)
     message_id = "msg_" + shell.id.removeprefix("resp_")
-    status = "incomplete" if cut else "completed"
     message = OutputMessage(id=message_id, status=status, content=[OutputText(text=text)])
     usage = None
     if output is not None:
@@ -165,7 +173,7 @@ def _finish(shell: ResponsesResponse, output: RequestOutput | None, text: str | 
             cached_tokens=output.num_cached_tokens or 0), output_tokens=num_output, total_tokens=num_prompt + num_output)
     return shell.model_copy(update=dict(
         status=status, output=[message], usage=usage,
-        incomplete_details=IncompleteDetails(reason="max_output_tokens") if cut else None,
+        incomplete_details=IncompleteDetails(reason=reason) if reason is not None else None,
     ))
 
 

@@ -7,7 +7,7 @@ never started at all. event_stream builds it once a refusal can no longer come (
 When a graceful shutdown runs out of time, LiveStreams.end_all() ends every stream still going
 as a finished one ends (RequestStream.end_with_abort: a last output with finish_reason "abort"
 for each choice still open), so the response writes its final chunk and [DONE] instead of being
-cut.
+cut (a /v1/responses stream: its closing events, ending in response.incomplete).
 """
 
 from __future__ import annotations
