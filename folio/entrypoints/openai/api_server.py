@@ -285,6 +285,7 @@ def _uvicorn_config(app: FastAPI, config: ServerConfig, backstop_s: float) -> uv
         ssl_keyfile=frontend.ssl_keyfile,
         ssl_certfile=frontend.ssl_certfile,
         ssl_ca_certs=frontend.ssl_ca_certs,
+        ssl_cert_reqs=frontend.ssl_cert_reqs,
     )
 
 

@@ -14,6 +14,7 @@ from folio.logger import init_logger
 logger = init_logger(__name__)
 
 METRICS_COMPAT = ("vllm", "none")
+CERT_REQS = (0, 1, 2)  # ssl.CERT_NONE, ssl.CERT_OPTIONAL, ssl.CERT_REQUIRED
 
 
 def _json_list(text: str) -> list[str]:
@@ -40,6 +41,7 @@ class FrontendConfig:
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0  # vLLM's: the ssl module's CERT_NONE (0), CERT_OPTIONAL (1), CERT_REQUIRED (2)
     enable_log_requests: bool = False  # one log line per request (prompt cut to max_log_len)
     max_log_len: int | None = None
     metrics_compat: str = "vllm"  # also export vLLM's metric names ("none": folio's only)
@@ -71,13 +73,18 @@ class FrontendConfig:
             raise ValueError(f"--response-role {self.response_role!r}: folio answers as 'assistant' only.")
 
     def _check_client_certs(self) -> None:
-        """--ssl-ca-certs acts on TLS only; and uvicorn asks clients for no certificate unless
-        told to (vLLM's --ssl-cert-reqs, which folio lacks), so the CA file checks nobody."""
+        """--ssl-ca-certs and --ssl-cert-reqs act on TLS only. Asking clients for certificates
+        needs a CA to check them against; a CA file without --ssl-cert-reqs checks nobody."""
+        if self.ssl_cert_reqs not in CERT_REQS:
+            raise ValueError(f"--ssl-cert-reqs must be 0 (none), 1 (optional) or 2 (required), got {self.ssl_cert_reqs!r}.")
         if self.ssl_ca_certs is not None and self.ssl_certfile is None:
             raise ValueError("--ssl-ca-certs needs --ssl-keyfile and --ssl-certfile (it only applies to TLS).")
-        if self.ssl_ca_certs is not None:
-            logger.warning("--ssl-ca-certs: client certificates are not requested, so none is checked "
-                           "(folio has no --ssl-cert-reqs yet); the CA file is loaded and otherwise unused.")
+        if self.ssl_cert_reqs and self.ssl_ca_certs is None:
+            raise ValueError(f"--ssl-cert-reqs {self.ssl_cert_reqs} needs --ssl-ca-certs: the CA certificates "
+                             "that client certificates are checked against.")
+        if self.ssl_ca_certs is not None and not self.ssl_cert_reqs:
+            logger.warning("--ssl-ca-certs: client certificates are not requested, so none is checked; pass "
+                           "--ssl-cert-reqs 2 to require one (1: check one if sent).")
 
     def check_tls(self) -> None:
         """Load the TLS key and certificate as uvicorn will (a file that is not PEM, a key that
@@ -90,7 +97,7 @@ class FrontendConfig:
 
         try:
             create_ssl_context(certfile=self.ssl_certfile, keyfile=self.ssl_keyfile, password=None,
-                               ssl_version=SSL_PROTOCOL_VERSION, cert_reqs=ssl.CERT_NONE,
+                               ssl_version=SSL_PROTOCOL_VERSION, cert_reqs=self.ssl_cert_reqs,
                                ca_certs=self.ssl_ca_certs, ciphers=None)
         except (ssl.SSLError, OSError) as e:
             raise tls_error(e) from None
@@ -107,6 +114,7 @@ class FrontendConfig:
             ssl_keyfile=getattr(args, "ssl_keyfile", None),
             ssl_certfile=getattr(args, "ssl_certfile", None),
             ssl_ca_certs=getattr(args, "ssl_ca_certs", None),
+            ssl_cert_reqs=getattr(args, "ssl_cert_reqs", d.ssl_cert_reqs),
             enable_log_requests=getattr(args, "enable_log_requests", d.enable_log_requests),
             max_log_len=getattr(args, "max_log_len", None),
             metrics_compat=getattr(args, "metrics_compat", d.metrics_compat),
@@ -135,6 +143,9 @@ def add_frontend_args(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--ssl-keyfile", default=None, help="TLS key file (with --ssl-certfile)")
     group.add_argument("--ssl-certfile", default=None, help="TLS certificate file")
     group.add_argument("--ssl-ca-certs", default=None, help="CA certificates to verify clients against")
+    group.add_argument("--ssl-cert-reqs", type=int, default=d.ssl_cert_reqs,
+                       help="client certificates: 0 not asked for (default), 1 checked if sent, 2 required "
+                            "(the ssl module's CERT_NONE/CERT_OPTIONAL/CERT_REQUIRED; needs --ssl-ca-certs)")
     group.add_argument("--enable-log-requests", action="store_true",
                        help="log each request: id, prompt (cut to --max-log-len) and sampling parameters")
     group.add_argument("--disable-log-requests", action="store_false", dest="enable_log_requests", default=False,
