@@ -9,10 +9,12 @@ guarantee that reasoning, content and each call's arguments only grow by appendi
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from folio.entrypoints.openai.protocol.tools import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
 from folio.entrypoints.openai.reasoning_parsers import ReasoningParser
+from folio.entrypoints.openai.reasoning_parsers.think import START as THINK_START
 from folio.entrypoints.openai.tool_choice import ToolPlan
 from folio.entrypoints.openai.tool_parsers import ParsedCall
 
@@ -26,16 +28,19 @@ class ParsedMessage:
     reasoning: str | None
     content: str
     calls: list[ParsedCall]
+    make_id: Callable[[], str] = tool_call_id
 
     def tool_calls(self) -> list[ToolCall]:
-        return [ToolCall(id=tool_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in self.calls]
+        return [ToolCall(id=self.make_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in self.calls]
 
 
 class ChatOutputParser:
-    def __init__(self, plan: ToolPlan, reasoning: ReasoningParser | None) -> None:
+    def __init__(self, plan: ToolPlan, reasoning: ReasoningParser | None, prompt: str = "") -> None:
         self.plan = plan
         # A constrained output is the grammar's language: no <think> in it to split off.
         self.reasoning = reasoning if plan.schema is None else None
+        # A prompt that ends by opening <think> leaves the output inside it.
+        self.opened = prompt.rstrip().endswith(THINK_START)
 
     @property
     def is_plain(self) -> bool:
@@ -43,9 +48,15 @@ class ChatOutputParser:
         return self.reasoning is None and self.plan.mode == "none"
 
     def parse(self, text: str, final: bool) -> ParsedMessage:
-        reasoning, rest = (None, text) if self.reasoning is None else self.reasoning.split(text, final)
+        reasoning, rest = (None, text) if self.reasoning is None else self.reasoning.split(text, final, self.opened)
         content, calls = self.plan.parse(rest, final)
-        return ParsedMessage(reasoning, content, calls)
+        return ParsedMessage(reasoning, content, calls, self.call_id)
+
+    def call_id(self) -> str:
+        """A new tool call's id: in the --tool-call-parser's style under "auto" (Mistral's
+        templates take 9 alphanumerics only, as vLLM's mistral parser writes them)."""
+        parser = self.plan.parser if self.plan.mode == "auto" else None
+        return parser.call_id() if parser is not None else tool_call_id()
 
 
 @dataclass
@@ -86,7 +97,7 @@ class MessageStreamer:
 
     def _call_delta(self, index: int, call: ParsedCall) -> DeltaToolCall | None:
         if index == len(self.call_ids):  # a new call: id, type and name first
-            self.call_ids.append(tool_call_id())
+            self.call_ids.append(self.parser.call_id())
             self.sent_arguments.append(len(call.arguments))
             function = DeltaFunctionCall(name=call.name, arguments=call.arguments)
             return DeltaToolCall(index=index, id=self.call_ids[index], type="function", function=function)

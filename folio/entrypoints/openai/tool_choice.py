@@ -7,7 +7,8 @@ output parser do.
 - "required": the output is constrained to a JSON list of {"name", "parameters"} objects, one
   of the tools' names each, with that tool's parameters; at least one call.
 - "auto": free text, which the server's --tool-call-parser reads for the model's own
-  tool-call format (a 400 when the server has none, as in vLLM).
+  tool-call format (a 400 when the server has none, as in vLLM); with parallel_tool_calls=false
+  only the first call is returned, as vLLM does.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class ToolPlan:
     schema: dict[str, Any] | None = None  # the JSON schema the output is constrained to
     function_name: str | None = None  # "named": the one function
     parser: ToolParser | None = None  # "auto": reads the model's own format
+    parallel: bool = True  # "auto": False keeps the first call only (parallel_tool_calls=false, as vLLM)
 
     def parse(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
         """(content, complete calls) of the text so far; see tool_parsers/base.py."""
@@ -45,7 +47,8 @@ class ToolPlan:
             rest = text[end:].strip(" \t\r\n,") if final else ""
             return (text[end:].lstrip(" \t\r\n,") if rest and rest != "]" else ""), calls
         if self.mode == "auto" and self.parser is not None:
-            return self.parser.parse(text, final)
+            content, calls = self.parser.parse(text, final)
+            return content, calls if self.parallel else calls[:1]
         return text, []
 
 
@@ -75,7 +78,7 @@ def plan_tools(
                 '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set.',
                 param="tool_choice",
             )
-        return ToolPlan("auto", parser=parser)
+        return ToolPlan("auto", parser=parser, parallel=parallel_tool_calls is not False)
     if tool_choice == "required":
         schema = required_schema(schemas, parallel_tool_calls is not False)
         try:  # the list of calls nests each tool's schema a few levels deeper (spec.MAX_SCHEMA_DEPTH)

@@ -3,13 +3,15 @@
 A parser sees the whole text so far (streaming calls it again as text grows) and answers
 `(content, calls)`. Streaming needs both to grow only by appending: content stops where a
 tool-call region starts (a partial marker at the end is held back), and a call appears only once
-it is complete. At the end (final=True) a tool-call region that does not parse is content again,
-so nothing the model wrote is lost.
+it is complete, and then stays (a stream cannot take back a call it sent). At the end
+(final=True) a tool-call region that does not parse is content again, so nothing the model wrote
+is lost.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +23,15 @@ class ParsedCall:
 
 
 class ToolParser:
+    # Whether the model's markers are special tokens, which the text must keep to be parsed.
+    keeps_special_tokens = False
+
     def parse(self, text: str, final: bool) -> tuple[str, list[ParsedCall]]:
         raise NotImplementedError
+
+    def call_id(self) -> str:
+        """The id of a call it read."""
+        return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
 
 def held_back(text: str, marker: str) -> int:
@@ -49,19 +58,15 @@ def call_from_object(obj: Any, arguments_key: str = "arguments") -> ParsedCall |
     return ParsedCall(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
-def scan_json_values(text: str) -> tuple[list[Any], int]:
-    """Complete JSON values at the start of text, separated by whitespace, commas or
-    semicolons; returns them and where the unparsed rest begins."""
-    decoder = json.JSONDecoder()
-    values, pos = [], 0
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,;":
-            pos += 1
-        if pos >= len(text):
-            return values, pos
-        try:
-            value, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return values, pos
-        values.append(value)
-        pos = end
+def decode_at(text: str, pos: int) -> tuple[Any, int] | None:
+    """The JSON value starting at pos (after optional whitespace) and where it ends; None when
+    there is none there (yet)."""
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except json.JSONDecodeError:
+        return None
+
+
+_DECODER = json.JSONDecoder()
