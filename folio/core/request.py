@@ -143,11 +143,23 @@ class Request:
 
     @property
     def can_speculate(self) -> bool:
-        """Whether drafts may be proposed for it. Not for beams (one token, then a fork) nor
-        structured outputs (the grammar's mask must see each token before the next)."""
+        """Whether drafts may be proposed for it. Not for beams (one token, then a fork),
+        structured outputs (the grammar's mask must see each token before the next) nor vLLM's
+        per-request logits processors: user code that tracks the output (a hand-made constraint)
+        would be handed drafts it never allowed, and could fail or ban every token on them."""
+        return self.no_speculation_reason is None
+
+    @property
+    def no_speculation_reason(self) -> str | None:
+        """Why drafts are never proposed for it (can_speculate), None if they may be."""
         p = self.sampling_params
-        grammar = getattr(p, "structured_outputs", None) or getattr(p, "guided_decoding", None)
-        return not self.pause_after_sample and grammar is None
+        if self.pause_after_sample:
+            return "beam search"
+        if getattr(p, "structured_outputs", None) or getattr(p, "guided_decoding", None):
+            return "structured output"
+        if getattr(p, "logits_processors", None):
+            return "logits processors"
+        return None
 
     @property
     def max_tokens(self) -> int | None:

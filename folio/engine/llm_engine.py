@@ -168,7 +168,7 @@ class LLMEngine:
             self.structured_output.park(request_id, requests, grammar_spec)
             return
         if not requests[0].can_speculate:
-            self._log_no_speculation(request_id, "structured output")
+            self._log_no_speculation(request_id, requests[0].no_speculation_reason or "")
         try:
             for request in requests:
                 self.scheduler.add_request(request)

@@ -15,7 +15,7 @@ from typing import Any
 
 from folio.core.outputs import EngineCoreOutput, PromptLogprobsChunk, TokenLogprobs
 from folio.engine.detokenizer import IncrementalDetokenizer, decode_token
-from folio.engine.stop_checker import find_stop, streamable_length
+from folio.engine.stop_checker import StopMatch, find_stop, streamable_length
 from folio.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from folio.sampling_params import RequestOutputKind, SamplingParams
 
@@ -200,38 +200,49 @@ class OutputProcessor:
             state.num_cached_tokens = out.num_cached_tokens
 
     def _update_sample(self, sample: SampleState, out: EngineCoreOutput) -> bool:
-        """Apply one step to a sample; True if a stop string ended it (core must be told)."""
-        sample.token_ids.extend(out.new_token_ids)
-        for entry in out.new_logprobs or ():
+        """Apply one step to a sample; True if a stop string ended it (core must be told).
+
+        A step that brings several tokens (accepted drafts) to a sample with stop strings is
+        applied token by token: the output ends at the token whose text completes the stop, and
+        the tokens after it (and their log-probs) are dropped, as without speculation."""
+        new_ids, entries = out.new_token_ids, out.new_logprobs
+        if sample.detokenizer is None or not sample.params.stop or len(new_ids) <= 1:
+            pieces = [(0, len(new_ids))]
+        else:
+            pieces = [(i, i + 1) for i in range(len(new_ids))]
+        for start, end in pieces:
+            last = end == len(new_ids)
+            self._take_tokens(sample, new_ids[start:end], entries[start:end] if entries else None)
+            stop = self._detokenize(sample, new_ids[start:end], last and out.finish_reason is not None)
+            if stop is not None:
+                stop_str, cut = stop
+                sample.text = sample.text[:cut]
+                sample.finish_reason, sample.stop_reason = "stop", stop_str
+                return out.finish_reason is None
+        if out.finish_reason is not None:
+            sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
+        return False
+
+    def _take_tokens(self, sample: SampleState, token_ids: list[int], entries: list[TokenLogprobs] | None) -> None:
+        sample.token_ids.extend(token_ids)
+        for entry in entries or ():
             if sample.logprobs is not None:
                 sample.logprobs.append(self._logprob_dict(entry))
             if sample.cumulative_logprob is not None:
                 sample.cumulative_logprob += entry.logprobs[0]
-        stopped = False
-        if sample.detokenizer is not None and out.new_token_ids:
-            new_ids, finished = out.new_token_ids, out.finish_reason is not None
-            split = sample.params.min_tokens - (len(sample.token_ids) - len(new_ids))  # new ids under min_tokens
-            if 0 < split < len(new_ids):  # a multi-token step (drafts) crosses min_tokens: text in two parts
-                new_text = sample.detokenizer.append(new_ids[:split], finished=False)
-                sample.stop_check_from = len(sample.detokenizer.output_text)
-                new_text += sample.detokenizer.append(new_ids[split:], finished=finished)
-            else:
-                new_text = sample.detokenizer.append(new_ids, finished=finished)
-                if split >= len(new_ids):
-                    sample.stop_check_from = len(sample.detokenizer.output_text)
-            sample.text = sample.detokenizer.output_text
-            new_len = min(len(new_text), len(sample.text) - sample.stop_check_from)
-            stop = find_stop(sample.text, new_len, sample.params.stop,
-                             sample.params.include_stop_str_in_output)
-            if stop is not None:
-                stop_str, cut = stop
-                sample.text = sample.text[:cut]
-                stopped = out.finish_reason is None
-                sample.finish_reason, sample.stop_reason = "stop", stop_str
-                return stopped
-        if out.finish_reason is not None:
-            sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
-        return stopped
+
+    @staticmethod
+    def _detokenize(sample: SampleState, new_ids: list[int], finished: bool) -> StopMatch | None:
+        """The text of tokens just taken, and the stop string it completes, if any (searched
+        only in text after the min_tokens-th token: vLLM's rule)."""
+        if sample.detokenizer is None or not new_ids:
+            return None
+        new_text = sample.detokenizer.append(new_ids, finished=finished)
+        if len(sample.token_ids) <= sample.params.min_tokens:
+            sample.stop_check_from = len(sample.detokenizer.output_text)
+        sample.text = sample.detokenizer.output_text
+        new_len = min(len(new_text), len(sample.text) - sample.stop_check_from)
+        return find_stop(sample.text, new_len, sample.params.stop, sample.params.include_stop_str_in_output)
 
     def _logprob_dict(self, entry: TokenLogprobs) -> dict[int, Logprob]:
         """The chosen token (with its true rank) plus the top-k (ranks 1..k)."""

@@ -52,6 +52,10 @@ class Speculator:
         spec = config.speculative
         assert spec is not None
         self.disable_by_batch_size = spec.disable_by_batch_size
+        # With the prefix cache, the draft's K/V of requests that may not draft (structured
+        # outputs, beams, logits processors) is read too: by a drafting request that later hits
+        # their cached blocks (_needs_draft_kv).
+        self.prefix_caching = config.cache.enable_prefix_caching
         # Set once decode graphs exist: verify steps of more tokens than the largest graph run
         # eager, slower than the decode steps they replace, so drafting pauses above it.
         self.max_graph_tokens: int | None = None
@@ -87,7 +91,7 @@ class Speculator:
             fresh = {s.request_id for s in scheduled} - self.stale
             self.stale |= fresh
             self._newly_stale |= fresh
-        elif any(self._may_draft(s) for s in scheduled):  # else no one would read the draft's K/V
+        elif any(self._needs_draft_kv(s) for s in scheduled):  # else no one would read it
             self.proposer.observe(inputs)
         self._step_drafts = not self._step_paused and drafting > 0
         return self._step_drafts
@@ -120,6 +124,16 @@ class Speculator:
 
     def _may_draft(self, sched: ScheduledRequest) -> bool:
         return sched.request_id not in self.stale and sched.request.can_speculate
+
+    def _needs_draft_kv(self, sched: ScheduledRequest) -> bool:
+        """Whether the draft's K/V of the request's tokens may be read: by its own drafts or,
+        with the prefix cache, by any later request that hits its blocks (one that may not draft
+        itself too: without this pass a drafting request reusing, say, a structured output's
+        prompt read garbage K/V, and nearly all its drafts were rejected). Never for a stale
+        request: its draft K/V already misses a paused step's tokens."""
+        if sched.request_id in self.stale:
+            return False
+        return self.prefix_caching or sched.request.can_speculate
 
     def verify(
         self,

@@ -2,10 +2,12 @@
 
 A request with drafts d_1..d_k contributes k + 1 rows of logits. Row j is processed exactly as
 the sampler would process the logits of that position without speculation: its SamplingRow
-sees the outputs so far plus d_1..d_j (penalties count them, min_tokens counts them), then
-allowed tokens, min_tokens, logit bias and penalties, then temperature, min_p, top-k and top-p
-give the target distribution p_j (greedy requests take the argmax of the edited logits).
-rejection.py turns p and the drafts into the emitted tokens.
+sees the outputs so far plus d_1..d_j (penalties, bad_words and logits processors read them,
+min_tokens counts them), then allowed tokens, min_tokens and bad_words bans, logit bias, logits
+processors and penalties, then temperature, min_p, top-k and top-p give the target distribution
+p_j (greedy requests take the argmax of the edited logits). rejection.py turns p and the drafts
+into the emitted tokens. (Requests with logits processors get no drafts, Request.can_speculate:
+the stage is here so that the rows stay the sampler's whatever that policy.)
 
 Randomness: every row draws one uniform and one Exponential(1) per token. A seeded request
 draws its rows from its own generator, in row order, so its tokens depend only on its seed,
@@ -154,14 +156,22 @@ def _position_rows(sched: ScheduledRequest, generator: torch.Generator | None) -
     k = len(drafts)
     num_outputs = sched.end - k - request.num_prompt_tokens  # before the first scored position
     outputs = request.output_token_ids
-    # Only penalties read the output ids (sample/penalties.py): other rows share the list.
+    # Penalties, bad_words and logits processors read the output ids (sample/penalties.py,
+    # constraints.py, logits_processors.py): row j must see the drafts before it, as the
+    # sampler would have; for other requests the rows share the list.
     p = request.sampling_params
-    counted = p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+    reads_outputs = (
+        p.repetition_penalty != 1.0
+        or p.frequency_penalty != 0.0
+        or p.presence_penalty != 0.0
+        or bool(p.bad_words_token_ids)
+        or bool(p.logits_processors)
+    )
     return [
         SamplingRow(
             request.sampling_params,
             request.prompt_token_ids,
-            outputs + drafts[:j] if j and counted else outputs,
+            outputs + drafts[:j] if j and reads_outputs else outputs,
             generator,
             num_outputs + j,
         )
@@ -178,12 +188,15 @@ def _row_starts(scheduled: Sequence[ScheduledRequest]) -> list[int]:
 
 
 def _edit_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-    """The sampler's token-level edits (allowed ids, min_tokens, bias, penalties), on a copy."""
-    if metadata.constraints is None and metadata.penalties is None:
+    """The sampler's token-level edits (allowed ids, min_tokens and bad_words bans, bias,
+    logits processors, penalties: sample/sampler.py's order), on a copy."""
+    if metadata.constraints is None and metadata.logits_processors is None and metadata.penalties is None:
         return logits.float()  # [rows, vocab] nothing edits: a copy only when logits are not float32
     edited = logits.to(torch.float32, copy=True)  # [rows, vocab]
     if metadata.constraints is not None:
         metadata.constraints.apply(edited)
+    if metadata.logits_processors is not None:
+        metadata.logits_processors.apply(edited)
     if metadata.penalties is not None:
         metadata.penalties.apply(edited)
     return edited
