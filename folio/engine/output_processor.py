@@ -210,10 +210,13 @@ class OutputProcessor:
             pieces = [(0, len(new_ids))]
         else:
             pieces = [(i, i + 1) for i in range(len(new_ids))]
+        ends_on_stop_token = self._ends_on_stop_token(sample, out)
         for start, end in pieces:
             last = end == len(new_ids)
             self._take_tokens(sample, new_ids[start:end], entries[start:end] if entries else None)
-            stop = self._detokenize(sample, new_ids[start:end], last and out.finish_reason is not None)
+            # the stop token (EOS, stop_token_ids) is in token_ids but not in the text (vLLM's rule)
+            text_end = end - 1 if last and ends_on_stop_token else end
+            stop = self._detokenize(sample, new_ids[start:text_end], last and out.finish_reason is not None)
             if stop is not None:
                 stop_str, cut = stop
                 sample.text = sample.text[:cut]
@@ -232,10 +235,19 @@ class OutputProcessor:
                 sample.cumulative_logprob += entry.logprobs[0]
 
     @staticmethod
+    def _ends_on_stop_token(sample: SampleState, out: EngineCoreOutput) -> bool:
+        """Whether the step's last token is the EOS or stop token that ended the output (not a
+        completed grammar's last token), whose text is left out unless include_stop_str_in_output."""
+        params = sample.params
+        return (out.finish_reason == "stop" and bool(out.new_token_ids) and not params.include_stop_str_in_output
+                and out.new_token_ids[-1] in params.all_stop_token_ids)
+
+    @staticmethod
     def _detokenize(sample: SampleState, new_ids: list[int], finished: bool) -> StopMatch | None:
         """The text of tokens just taken, and the stop string it completes, if any (searched
-        only in text after the min_tokens-th token: vLLM's rule)."""
-        if sample.detokenizer is None or not new_ids:
+        only in text after the min_tokens-th token: vLLM's rule). With finished, text held back
+        (an unfinished character) is released even when no token is given."""
+        if sample.detokenizer is None or not (new_ids or finished):
             return None
         new_text = sample.detokenizer.append(new_ids, finished=finished)
         if len(sample.token_ids) <= sample.params.min_tokens:

@@ -131,8 +131,8 @@ def test_mistral_parser_keeps_special_tokens_for_its_marker(mistral):
     (("Checking.", f"[TOOL_CALLS][{WEATHER}]"), "Checking.", [("get_weather", '{"city": "Oslo", "days": 2}')], "tool_calls"),
 ])
 def test_mistral_end_of_sequence_token_is_no_part_of_the_message(mistral, parts, content, calls, finish):
-    """With special tokens kept, the engine writes the end-of-sequence token's text (vLLM does
-    not): it must not reach the content, nor break the call before it."""
+    """With special tokens kept, the end-of-sequence token's text must not reach the content, nor
+    break the call before it (the engine leaves a stop token's text out, as vLLM does)."""
     message = _both(mistral, tools=TOOLS, extra_body=_grammar(*parts))
     assert (message["content"], message["calls"], message["finish"]) == (content, calls, finish)
 

@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator
 
 from folio.engine.async_llm import AsyncLLM, RequestStream
-from folio.engine.detokenizer import special_token_ids
 from folio.entrypoints.openai.chat_message import ChatOutputParser, MessageStreamer
 from folio.entrypoints.openai.errors import BadRequestError, from_engine_error, sse_error
 from folio.entrypoints.openai.logprobs import chat_logprobs
@@ -86,7 +85,6 @@ class OpenAIServingChat(OpenAIServing):
         streams = await self.add_requests(request_id, [prompt], [params], request.priority, request.cache_salt, lora)
         call = _Call(request, request_id, int(time.time()), self.response_model(lora))
         call.parser = ChatOutputParser(plan, self.reasoning_parser, text)
-        call.keeps_special_tokens = keeps_special_tokens
         if request.stream:
             return await event_stream(self._events(call, streams[0]), streams, [params])
         (output,) = await final_outputs(streams)
@@ -116,7 +114,7 @@ class OpenAIServingChat(OpenAIServing):
     def _response(self, call: _Call, output: RequestOutput) -> ChatCompletionResponse:
         choices = []
         for c in output.outputs:
-            message, made_calls = _message(call.parser, self._text(call, c))
+            message, made_calls = _message(call.parser, c.text)
             choices.append(ChatChoice(
                 index=c.index,
                 message=message,
@@ -185,7 +183,7 @@ class OpenAIServingChat(OpenAIServing):
     def _parsed_delta_choice(self, call: _Call, c: CompletionOutput, streamer: MessageStreamer) -> ChatStreamChoice | None:
         """A delta of reasoning, content and tool calls (a reasoning parser or tools in use)."""
         final = c.finish_reason is not None
-        delta = streamer.feed(self._text(call, c), final)
+        delta = streamer.feed(c.text, final)
         logprobs = self._logprobs(call, c)
         if delta.empty and not c.token_ids and not final and not (logprobs and logprobs.content):
             return None
@@ -196,20 +194,6 @@ class OpenAIServingChat(OpenAIServing):
             finish_reason=_finish_reason(c.finish_reason, streamer.made_calls, call.parser.plan.mode == "named"),
             stop_reason=c.stop_reason,
         )
-
-    def _text(self, call: _Call, c: CompletionOutput) -> str:
-        """The (new) text of an output, less the text of the special token that stopped it when
-        special tokens are kept for the tool parser: the engine writes it (vLLM leaves it out),
-        and the end-of-sequence token is no part of the message."""
-        if not call.keeps_special_tokens or c.finish_reason != "stop" or not c.token_ids:
-            return c.text
-        if isinstance(c.stop_reason, str):  # a stop string: already cut off
-            return c.text
-        last = c.token_ids[-1]
-        if self.tokenizer is None or last not in special_token_ids(self.tokenizer):
-            return c.text
-        tail = self.tokenizer.decode([last], skip_special_tokens=False)
-        return c.text[: -len(tail)] if tail and c.text.endswith(tail) else c.text
 
 
 def _message(parser: ChatOutputParser, text: str) -> tuple[ChatResponseMessage, bool]:
@@ -235,7 +219,6 @@ class _Call:
         self.created = created
         self.model = model
         self.parser = ChatOutputParser(ToolPlan("none"), None)
-        self.keeps_special_tokens = False  # the output's special tokens are kept (see _text)
         self.chunks = ChunkFormat(request_id, "chat.completion.chunk", created, model, request.include_usage_in_stream)
 
 
