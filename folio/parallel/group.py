@@ -13,6 +13,7 @@ import datetime
 from collections.abc import Callable
 import os
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -29,30 +30,39 @@ _TP_GROUP: dist.ProcessGroup | None = None
 _PLAN_GROUP: dist.ProcessGroup | None = None
 _PLAN_TIMEOUT = datetime.timedelta(days=365)
 _STARTUP_TIMEOUT_S = 600.0  # every rank must reach the rendezvous within this
+_ENV_BEFORE: dict[str, str | None] = {}  # the torchrun variables join_group replaced
 
 
 def backend_for(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
 
-def join_group(rendezvous: Rendezvous, device: str) -> None:
-    """Initialise torch.distributed for this rank (blocks until every rank has joined)."""
+def join_group(rendezvous: Rendezvous, device: str, alive: Callable[[], None] | None = None) -> None:
+    """Initialise torch.distributed for this rank (blocks until every rank has joined).
+
+    alive (rank 0): called while the ranks gather; it raises if a worker has died, which ends
+    the wait at once instead of after the start-up timeout (a worker that fails on import never
+    joins: e.g. a script without an `if __name__ == "__main__":` guard)."""
     global _TP_GROUP, _PLAN_GROUP
     if _TP_GROUP is not None:
         raise RuntimeError("This process already belongs to a tensor-parallel group.")
-    os.environ.update(rendezvous.environ())
+    _ENV_BEFORE.update({k: os.environ.get(k) for k in rendezvous.environ()})
+    os.environ.update(rendezvous.environ())  # torchrun's variables, for torch; leave_group undoes it
     if device == "cuda":
         torch.cuda.set_device(rendezvous.local_rank)
     set_log_rank(rendezvous.rank)
     # Rendezvous through torch's TCP store, bounded by the start-up timeout; the world group
     # (step plans) is untimed, the model's collectives get collective_timeout_s.
+    timeout_s = max(rendezvous.timeout_s, _STARTUP_TIMEOUT_S)
     store = dist.TCPStore(
         rendezvous.master_addr,
         rendezvous.master_port,
         rendezvous.world_size,
         is_master=rendezvous.rank == 0,
-        timeout=datetime.timedelta(seconds=max(rendezvous.timeout_s, _STARTUP_TIMEOUT_S)),
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,  # _gather's count waits instead, watching the workers
     )
+    _gather(store, rendezvous, timeout_s, alive)
     dist.init_process_group(
         backend=backend_for(device),
         store=store,
@@ -73,6 +83,24 @@ def join_group(rendezvous: Rendezvous, device: str) -> None:
     )
 
 
+_JOINED_KEY = "folio/ranks-joined"
+
+
+def _gather(store: dist.TCPStore, rendezvous: Rendezvous, timeout_s: float, alive: Callable[[], None] | None) -> None:
+    """Each rank counts itself in; rank 0 waits for all of them, calling alive() between looks."""
+    store.add(_JOINED_KEY, 1)
+    if rendezvous.rank != 0:
+        return
+    deadline = time.monotonic() + timeout_s
+    while (joined := store.add(_JOINED_KEY, 0)) < rendezvous.world_size:
+        if alive is not None:
+            alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Tensor-parallel start-up: {joined} of {rendezvous.world_size} ranks joined "
+                               f"{rendezvous.master_addr}:{rendezvous.master_port} within {timeout_s:.0f} s.")
+        time.sleep(0.05)
+
+
 def leave_group(timeout_s: float = 10.0) -> None:
     """Leave the group (idempotent), so a later engine in this process can join anew.
 
@@ -87,6 +115,18 @@ def leave_group(timeout_s: float = 10.0) -> None:
     if dist.is_initialized():
         run_bounded(_tear_down, timeout_s, "the process group's teardown")
     set_log_rank(None)
+    _restore_environment()
+
+
+def _restore_environment() -> None:
+    """The torchrun variables as they were before join_group: a later engine in this process, or
+    a child it starts, must not take this group's MASTER_PORT for its own."""
+    for key, value in _ENV_BEFORE.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _ENV_BEFORE.clear()
 
 
 def run_bounded(fn: Callable[[], None], timeout_s: float, what: str) -> None:

@@ -66,7 +66,7 @@ def lead(config: EngineConfig) -> Lead:
     config = _with_parallel(config, parallel)
     workers = WorkerGroup(config, rendezvous)
     try:
-        join_group(rendezvous, config.device.device)
+        join_group(rendezvous, config.device.device, alive=workers.check)
     except BaseException:
         workers.terminate()
         raise

@@ -47,6 +47,7 @@ def _run(llm: LLM) -> list[tuple]:
 @pytest.mark.parametrize("kind", list(CHECKPOINTS))
 def test_tp2_greedy_tokens_equal_tp1(kind: str, tmp_path) -> None:
     path = make_tiny_checkpoint(kind, tmp_path / kind, **CHECKPOINTS[kind])
+    env_before = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     one = _llm(path, 1)
     reference = _run(one)
     llm = _llm(path, 2)
@@ -70,6 +71,8 @@ def test_tp2_greedy_tokens_equal_tp1(kind: str, tmp_path) -> None:
             assert all(abs(ref_step[t].logprob - step[t].logprob) < 1e-4 for t in step)
     assert all(p.exitcode == 0 for p in workers), [p.exitcode for p in workers]
     assert not multiprocessing.active_children()
+    # the group's torchrun variables are gone with it (a later engine or child took its port)
+    assert {k: os.environ.get(k) for k in env_before} == env_before
 
 
 def test_idle_past_the_collective_timeout_then_a_killed_worker_fails_within_seconds(tmp_path) -> None:
@@ -167,3 +170,27 @@ def test_padded_prompt_chunks_reach_the_follower_as_rank_0_runs_them(llama_tp, m
         assert llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids == ids
     # One padded chunk a prompt (the long one's blocks may be cached by earlier tests: its rest).
     assert len(taken) == len(PROMPTS) and all(t <= len(p["prompt_token_ids"]) for t, p in zip(taken, PROMPTS))
+
+
+def test_a_worker_that_dies_before_joining_fails_the_start_at_once(tmp_path) -> None:
+    """A script without an `if __name__ == "__main__":` guard: the spawned worker re-runs it on
+    import and dies before it joins the group. Rank 0 used to wait out the 600 s start-up
+    timeout; it now raises the worker's death within seconds."""
+    import subprocess
+    import sys
+
+    path = make_tiny_checkpoint("llama", tmp_path / "llama")
+    script = tmp_path / "unguarded.py"
+    script.write_text("from folio import LLM\n"
+                      f"LLM(model={str(path)!r}, dtype='float32', device='cpu', tensor_parallel_size=2, "
+                      "max_model_len=64, num_gpu_blocks_override=8)\n")
+    # a fresh process, as from a shell: none of the torchrun variables a live engine here has set
+    torchrun = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in torchrun}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    elapsed = time.monotonic() - start
+    assert done.returncode != 0
+    assert "WorkerDiedError" in done.stderr and "rank 1" in done.stderr, done.stderr[-2000:]
+    assert elapsed < 120, elapsed
