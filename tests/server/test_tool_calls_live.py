@@ -137,14 +137,21 @@ def test_mistral_end_of_sequence_token_is_no_part_of_the_message(mistral, parts,
     assert (message["content"], message["calls"], message["finish"]) == (content, calls, finish)
 
 
-def test_a_prompt_that_opens_think_makes_the_output_reasoning_first(hermes):
-    """Qwen3 thinking models' and Qwen3.5's templates end the prompt with "<think>\\n": the
-    reply starts inside the thought (it was all content, "</think>" and all)."""
+def test_a_constrained_reply_to_a_prompt_that_opens_think_is_content(hermes):
+    """Qwen3 thinking models' and Qwen3.5's templates end the prompt with "<think>\n", so an
+    unconstrained reply starts inside the thought (tests/server/test_tool_stream_splits.py). A
+    grammar constrains the reply from its first token, so there the model never thinks: the JSON
+    a client asked for with response_format is the content, not reasoning_content (it was, with
+    content empty, before this was caught)."""
     opened = [*MESSAGES, {"role": "assistant", "content": "<think>\n"}]
     continued = {"add_generation_prompt": False, "continue_final_message": True}
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}
+    message = _both(hermes, messages=opened, response_format=fmt, extra_body=continued)
+    assert message["reasoning"] == "" and message["finish"] == "stop"
+    jsonschema.validate(json.loads(message["content"]), schema)
     message = _both(hermes, messages=opened, extra_body={**continued, **_grammar("hm", "</think>", "Answer.")})
-    assert (message["reasoning"], message["content"]) == ("hm", "Answer.")
-    message = _both(hermes, extra_body=_grammar("hm", "</think>", "Answer."))
     assert (message["reasoning"], message["content"]) == ("", "hm</think>Answer.")
 
 

@@ -35,12 +35,16 @@ class ParsedMessage:
 
 
 class ChatOutputParser:
-    def __init__(self, plan: ToolPlan, reasoning: ReasoningParser | None, prompt: str = "") -> None:
+    def __init__(self, plan: ToolPlan, reasoning: ReasoningParser | None, prompt: str = "",
+                 constrained: bool = False) -> None:
         self.plan = plan
         # A constrained output is the grammar's language: no <think> in it to split off.
         self.reasoning = reasoning if plan.schema is None else None
-        # A prompt that ends by opening <think> leaves the output inside it.
-        self.opened = prompt.rstrip().endswith(THINK_START)
+        # A prompt that ends by opening <think> leaves the output inside it, unless a grammar
+        # (response_format, structured_outputs) constrains the output from its first token: then
+        # the model never thinks (folio applies grammars from the start; vLLM after </think>),
+        # and what it writes is the answer the client asked for, not reasoning.
+        self.opened = not constrained and prompt.rstrip().endswith(THINK_START)
 
     @property
     def is_plain(self) -> bool:

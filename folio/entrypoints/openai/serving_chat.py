@@ -84,7 +84,8 @@ class OpenAIServingChat(OpenAIServing):
         request_id = random_id("chatcmpl")
         streams = await self.add_requests(request_id, [prompt], [params], request.priority, request.cache_salt, lora)
         call = _Call(request, request_id, int(time.time()), self.response_model(lora))
-        call.parser = ChatOutputParser(plan, self.reasoning_parser, text)
+        constrained = getattr(params, "structured_outputs", None) is not None
+        call.parser = ChatOutputParser(plan, self.reasoning_parser, text, constrained)
         if request.stream:
             return await event_stream(self._events(call, streams[0]), streams, [params])
         (output,) = await final_outputs(streams)
