@@ -46,8 +46,24 @@ def join_group(rendezvous: Rendezvous, device: str, alive: Callable[[], None] | 
     global _TP_GROUP, _PLAN_GROUP
     if _TP_GROUP is not None:
         raise RuntimeError("This process already belongs to a tensor-parallel group.")
-    _ENV_BEFORE.update({k: os.environ.get(k) for k in rendezvous.environ()})
+    for key in rendezvous.environ():  # the values before any group of this process set them
+        _ENV_BEFORE.setdefault(key, os.environ.get(key))
     os.environ.update(rendezvous.environ())  # torchrun's variables, for torch; leave_group undoes it
+    try:
+        _join(rendezvous, device, alive)
+    except BaseException:
+        # A start that failed (a worker died, the store's port was taken, the timeout) leaves
+        # nothing behind: a retry in this process must pick its own port, not this one.
+        _TP_GROUP = _PLAN_GROUP = None
+        if dist.is_initialized():
+            run_bounded(_tear_down, 10.0, "the process group's teardown")
+        set_log_rank(None)
+        _restore_environment()
+        raise
+
+
+def _join(rendezvous: Rendezvous, device: str, alive: Callable[[], None] | None) -> None:
+    global _TP_GROUP, _PLAN_GROUP
     if device == "cuda":
         torch.cuda.set_device(rendezvous.local_rank)
     set_log_rank(rendezvous.rank)

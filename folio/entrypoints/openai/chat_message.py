@@ -40,6 +40,10 @@ class ChatOutputParser:
         self.plan = plan
         # A constrained output is the grammar's language: no <think> in it to split off.
         self.reasoning = reasoning if plan.schema is None else None
+        if constrained and self.reasoning is not None and self.reasoning.implicit_start:
+            # nor is text before a </think> reasoning (deepseek_r1's implicit start): the grammar
+            # holds from the first token, so the reply is reasoning only where it writes <think>
+            self.reasoning = ReasoningParser()
         # A prompt that ends by opening <think> leaves the output inside it, unless a grammar
         # (response_format, structured_outputs) constrains the output from its first token: then
         # the model never thinks (folio applies grammars from the start; vLLM after </think>),
