@@ -317,7 +317,17 @@ class EngineArgs:
         from folio.engine.vllm_args import BY_NAME
 
         names = cls.field_names() | set(BY_NAME)
-        return cls.from_kwargs(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+        kwargs = {name: getattr(args, name) for name in names if hasattr(args, name)}
+        return cls.from_kwargs(**_with_reasoning_parser(kwargs, getattr(args, "reasoning_parser", None)))
+
+
+def _with_reasoning_parser(kwargs: dict[str, Any], parser: str | None) -> dict[str, Any]:
+    """The server's --reasoning-parser also tells the grammars where reasoning ends, as vLLM's
+    fills structured_outputs_config.reasoning_parser (a config that names its own wins)."""
+    config = kwargs.get("structured_outputs_config")
+    if parser is None or not isinstance(config, (dict, type(None))):
+        return kwargs
+    return {**kwargs, "structured_outputs_config": {"reasoning_parser": parser, **(config or {})}}
 
 
 # Arguments typed here (EngineArgs._check_types); the rest are checked by their config classes.

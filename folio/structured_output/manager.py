@@ -29,6 +29,7 @@ from folio.core.request import Request
 from folio.logger import init_logger
 from folio.sampling_params import SamplingParams, SamplingParamsError
 from folio.structured_output.backend import CompiledGrammar, GrammarBackend, GrammarTimer, UnenforcedKeywordsError
+from folio.structured_output.reasoning import AfterReasoning, reasoning_end_token, reasoning_ended
 from folio.structured_output.spec import REF_KEYWORDS, GrammarSpec, schema_nodes, tag_schemas
 
 logger = init_logger(__name__)
@@ -65,6 +66,10 @@ class StructuredOutputManager:
         self._pool = cf.ThreadPoolExecutor(config.max_compile_threads, thread_name_prefix="folio-grammar")
         self._cache: OrderedDict[GrammarSpec, cf.Future[CompiledGrammar]] = OrderedDict()
         self._parked: list[_Parked] = []
+        # (end, start) marker ids when grammars wait for the reasoning to end (reasoning.py)
+        self._reasoning = None
+        if config.reasoning_parser is not None and not config.enable_in_reasoning and tokenizer is not None:
+            self._reasoning = reasoning_end_token(config.reasoning_parser, tokenizer)
         if tokenizer is not None:
             self._start_backend(self.default_backend_name)
 
@@ -209,9 +214,19 @@ class StructuredOutputManager:
                 failed = UnsatisfiableConstraintError(dead)
                 ready.failed.append((parked.request_id, [r.request_id for r in parked.requests], failed))
                 continue
+            self._after_reasoning(parked.requests)
             ready.requests.extend(parked.requests)
         self._parked = still
         return ready
+
+    def _after_reasoning(self, requests: list[Request]) -> None:
+        """With a reasoning parser, each sample's grammar waits for the end of its reasoning,
+        unless the prompt already closed it (reasoning.py)."""
+        if self._reasoning is None or reasoning_ended(requests[0].prompt_token_ids, *self._reasoning):
+            return
+        for request in requests:
+            assert request.grammar is not None
+            request.grammar = AfterReasoning(request.grammar, self._reasoning[0])
 
     def abort(self, request_ids: list[str]) -> None:
         """Forget parked requests (by user id) that were aborted before their grammar was ready."""

@@ -36,10 +36,13 @@ class ParsedMessage:
 
 class ChatOutputParser:
     def __init__(self, plan: ToolPlan, reasoning: ReasoningParser | None, prompt: str = "",
-                 constrained: bool = False) -> None:
+                 constrained: bool = False, reasoning_first: bool = False) -> None:
+        """constrained: a grammar holds from the output's first token; reasoning_first: the
+        engine holds the grammar back until the model's </think> (structured_output/reasoning.py),
+        so the output is reasoning, then the constrained reply."""
         self.plan = plan
         # A constrained output is the grammar's language: no <think> in it to split off.
-        self.reasoning = reasoning if plan.schema is None else None
+        self.reasoning = reasoning if plan.schema is None or reasoning_first else None
         if constrained and self.reasoning is not None and self.reasoning.implicit_start:
             # nor is text before a </think> reasoning (deepseek_r1's implicit start): the grammar
             # holds from the first token, so the reply is reasoning only where it writes <think>
@@ -48,7 +51,8 @@ class ChatOutputParser:
         # (response_format, structured_outputs) constrains the output from its first token: then
         # the model never thinks (folio applies grammars from the start; vLLM after </think>),
         # and what it writes is the answer the client asked for, not reasoning.
-        self.opened = not constrained and prompt.rstrip().endswith(THINK_START)
+        # With reasoning_first the output is the thought until </think>, as the engine counts it.
+        self.opened = reasoning_first or (not constrained and prompt.rstrip().endswith(THINK_START))
 
     @property
     def is_plain(self) -> bool:

@@ -41,6 +41,7 @@ from folio.entrypoints.openai.streaming import (
     sse,
 )
 from folio.outputs import CompletionOutput, RequestOutput
+from folio.structured_output.reasoning import reasoning_end_token, reasoning_ended
 from folio.sampling_params import SamplingParams
 
 
@@ -59,6 +60,8 @@ class OpenAIServingChat(OpenAIServing):
         # Parser names are checked when the server starts (cli_args.py): bad ones never get here.
         self.tool_parser = get_tool_parser(tool_parser) if tool_parser else None
         self.reasoning_parser = get_reasoning_parser(reasoning_parser) if reasoning_parser else None
+        # the engine holds grammars back until </think> when the marker is one token (as here)
+        self._reasoning = reasoning_end_token(reasoning_parser, self.tokenizer, warn=False) if reasoning_parser else None
 
     async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | EventStreamResponse:
         lora = self.check_model(request.model)
@@ -85,7 +88,8 @@ class OpenAIServingChat(OpenAIServing):
         streams = await self.add_requests(request_id, [prompt], [params], request.priority, request.cache_salt, lora)
         call = _Call(request, request_id, int(time.time()), self.response_model(lora))
         constrained = getattr(params, "structured_outputs", None) is not None
-        call.parser = ChatOutputParser(plan, self.reasoning_parser, text, constrained)
+        first = constrained and self._reasoning is not None and not reasoning_ended(prompt.token_ids, *self._reasoning)
+        call.parser = ChatOutputParser(plan, self.reasoning_parser, text, constrained and not first, first)
         if request.stream:
             return await event_stream(self._events(call, streams[0]), streams, [params])
         (output,) = await final_outputs(streams)
