@@ -43,7 +43,6 @@ def join_group(rendezvous: Rendezvous, device: str, alive: Callable[[], None] | 
     alive (rank 0): called while the ranks gather; it raises if a worker has died, which ends
     the wait at once instead of after the start-up timeout (a worker that fails on import never
     joins: e.g. a script without an `if __name__ == "__main__":` guard)."""
-    global _TP_GROUP, _PLAN_GROUP
     if _TP_GROUP is not None:
         raise RuntimeError("This process already belongs to a tensor-parallel group.")
     for key in rendezvous.environ():  # the values before any group of this process set them
@@ -54,11 +53,7 @@ def join_group(rendezvous: Rendezvous, device: str, alive: Callable[[], None] | 
     except BaseException:
         # A start that failed (a worker died, the store's port was taken, the timeout) leaves
         # nothing behind: a retry in this process must pick its own port, not this one.
-        _TP_GROUP = _PLAN_GROUP = None
-        if dist.is_initialized():
-            run_bounded(_tear_down, 10.0, "the process group's teardown")
-        set_log_rank(None)
-        _restore_environment()
+        _undo_join(10.0)
         raise
 
 
@@ -124,9 +119,14 @@ def leave_group(timeout_s: float = 10.0) -> None:
     a peer died). Either runs on a helper thread for at most timeout_s: a teardown that blocks
     is logged and abandoned rather than hanging the engine's shutdown.
     """
+    if _TP_GROUP is not None:
+        _undo_join(timeout_s)
+
+
+def _undo_join(timeout_s: float) -> None:
+    """Forget the group, tear down what torch.distributed holds, and restore the environment:
+    the end of a group, or of a join that failed part-way."""
     global _TP_GROUP, _PLAN_GROUP
-    if _TP_GROUP is None:
-        return
     _TP_GROUP = _PLAN_GROUP = None
     if dist.is_initialized():
         run_bounded(_tear_down, timeout_s, "the process group's teardown")
